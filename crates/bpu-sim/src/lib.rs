@@ -1,0 +1,1 @@
+//! bpu-sim (work in progress)

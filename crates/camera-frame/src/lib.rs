@@ -1,0 +1,1 @@
+//! camera-frame (work in progress)

@@ -1,0 +1,1 @@
+//! hbdnn (work in progress)

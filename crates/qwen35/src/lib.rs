@@ -1,0 +1,1 @@
+//! qwen35 (work in progress)

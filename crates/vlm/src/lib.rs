@@ -1,0 +1,1 @@
+//! vlm (work in progress)

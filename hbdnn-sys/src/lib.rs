@@ -1,0 +1,1 @@
+//! hbdnn-sys (work in progress)
