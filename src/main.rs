@@ -1,1 +1,43 @@
-fn main() {}
+//! `vlm_node`: the bpu_vlm ROS 2 node. Creates its entities, spins, and exits cleanly on
+//! SIGINT or SIGTERM. ROS arguments (`--ros-args ...`) are read by rcl from the command line.
+//! Logs go to stderr through `tracing` (`RUST_LOG`, default `info`).
+
+use anyhow::Context as _;
+use bpu_vlm::node::{NodeConfig, VlmNode};
+use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("building the tokio runtime")?;
+    runtime.block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
+    // Install the handlers before any ROS entity exists, so an early signal still drains.
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+
+    let ctx = r2r::Context::create().context("initialising ROS 2 (rcl)")?;
+    tracing::info!(ros_distro = r2r::ROS_DISTRO, "r2r context created");
+    let node = VlmNode::create(ctx, &NodeConfig::default()).context("creating vlm_node")?;
+
+    let shutdown = async move {
+        let name = tokio::select! {
+            _ = sigint.recv() => "SIGINT",
+            _ = sigterm.recv() => "SIGTERM",
+        };
+        tracing::info!("{name} received");
+    };
+    node.run(shutdown).await.context("running vlm_node")
+}

@@ -1,0 +1,43 @@
+//! Names of the node and its entities, as pinned by the interface contract.
+
+/// Default node name.
+pub const NODE_NAME: &str = "vlm_node";
+
+/// Service answering questions (`bpu_vlm_msgs/srv/Ask`).
+pub const ASK_SERVICE: &str = "/ask";
+
+/// Service stopping a request (`bpu_vlm_msgs/srv/Cancel`).
+pub const CANCEL_SERVICE: &str = "/vlm/cancel";
+
+/// Topic of streamed deltas (`bpu_vlm_msgs/msg/Token`).
+pub const TOKENS_TOPIC: &str = "/vlm/tokens";
+
+/// Topic of finished answers (`bpu_vlm_msgs/msg/Answer`).
+pub const ANSWERS_TOPIC: &str = "/vlm/answers";
+
+/// History depth of `/vlm/tokens`: a whole answer of deltas fits, so a slow subscriber
+/// on reliable QoS still receives every Token.
+pub const TOKENS_HISTORY_DEPTH: usize = 4096;
+
+/// History depth of `/vlm/answers`.
+pub const ANSWERS_HISTORY_DEPTH: usize = 64;
+
+/// The topic and service names one node instance uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityNames {
+    pub ask: String,
+    pub cancel: String,
+    pub tokens: String,
+    pub answers: String,
+}
+
+impl Default for EntityNames {
+    fn default() -> Self {
+        Self {
+            ask: ASK_SERVICE.to_owned(),
+            cancel: CANCEL_SERVICE.to_owned(),
+            tokens: TOKENS_TOPIC.to_owned(),
+            answers: ANSWERS_TOPIC.to_owned(),
+        }
+    }
+}

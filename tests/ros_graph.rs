@@ -1,0 +1,459 @@
+//! End-to-end tests over a real ROS 2 graph: Rust (r2r) on one side, an rclpy peer
+//! (`tests/peers/ros_peer.py`, run with `.ros2/venv/bin/python`) on the other.
+//!
+//! Needs `source .ros2/setup.bash` (tools/test.sh does it). Every test uses its own topic
+//! and service names; the test binary picks a random `ROS_DOMAIN_ID` and keeps discovery on
+//! localhost. Every wait has a timeout.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, ensure, Context as _};
+use bpu_vlm::interface::{enable_thinking, error_code, finish_reason, idl_str};
+use bpu_vlm::msgs::msg::Token;
+use bpu_vlm::msgs::srv::{Ask, Cancel};
+use bpu_vlm::node::{tokens_qos, SpinThread};
+use futures::StreamExt;
+use r2r::builtin_interfaces::msg::Time;
+use r2r::QosProfile;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const PEER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sets the process-wide ROS environment once, before any test creates a ROS context or a
+/// child process: a random domain and localhost-only discovery.
+fn ros_env() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+            ^ std::process::id();
+        // Domains 1..=100 keep the DDS port range valid and avoid the default 0.
+        let domain = 1 + seed % 100;
+        // SAFETY of set_var: runs once, before any thread of this binary reads the environment
+        // through ROS (guarded by the Once every test calls first).
+        std::env::set_var("ROS_DOMAIN_ID", domain.to_string());
+        std::env::set_var("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST");
+        eprintln!("ROS_DOMAIN_ID={domain}");
+    });
+}
+
+/// A prefix no other test (in this or another process) uses.
+fn unique_prefix(test: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "/t{}_{}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+        test
+    )
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn peer_python() -> anyhow::Result<PathBuf> {
+    let python = std::env::var_os("BPU_VLM_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".ros2/venv/bin/python"));
+    ensure!(
+        python.exists(),
+        "{} is missing: run `bash tools/ros2-bootstrap.sh && source .ros2/setup.bash`",
+        python.display()
+    );
+    Ok(python)
+}
+
+fn spawn_peer(args: &[&str]) -> anyhow::Result<Child> {
+    let mut cmd = Command::new(peer_python()?);
+    cmd.arg(repo_root().join("tests/peers/ros_peer.py"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true);
+    cmd.spawn().context("starting the rclpy peer")
+}
+
+/// Waits (bounded) for the peer to exit; returns its JSON report. Fails if the peer failed.
+async fn peer_report(mut peer: Child, limit: Duration) -> anyhow::Result<serde_json::Value> {
+    let stdout = peer.stdout.take().context("peer stdout")?;
+    let read = async {
+        let mut lines = BufReader::new(stdout).lines();
+        let mut report = None;
+        let mut ok = false;
+        while let Some(line) = lines.next_line().await? {
+            if let Some(json) = line.strip_prefix("REPORT ") {
+                report = Some(serde_json::from_str::<serde_json::Value>(json)?);
+            } else if line == "PEER OK" {
+                ok = true;
+            } else {
+                eprintln!("peer: {line}");
+            }
+        }
+        let status = peer.wait().await?;
+        anyhow::Ok((report, ok, status))
+    };
+    let (report, ok, status) = tokio::time::timeout(limit, read)
+        .await
+        .context("the rclpy peer did not finish in time")??;
+    ensure!(
+        status.success() && ok,
+        "the rclpy peer failed ({status}); its checks are printed above"
+    );
+    report.context("the peer printed no report")
+}
+
+/// The deltas the test node streams for a request: multi-byte UTF-8 of every width, a
+/// ZWJ emoji sequence, a combining accent, an empty final delta, a long one.
+fn test_texts() -> Vec<String> {
+    vec![
+        "Let me look… ".to_owned(),
+        "思考中 🤔".to_owned(),
+        "There is a 🍎".to_owned(),
+        " and a 👩‍💻 at the café".to_owned(),
+        " (e\u{301}, Ж, 한국어, 𝄞)".to_owned(),
+        "长".repeat(3000),
+        String::new(),
+    ]
+}
+
+fn tokens_for(request_id: &str) -> Vec<Token> {
+    let texts = test_texts();
+    let n = texts.len();
+    texts
+        .into_iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let last = i + 1 == n;
+            let mut token = Token {
+                request_id: request_id.to_owned(),
+                index: u32::try_from(i).unwrap(),
+                text,
+                reasoning: i < 2,
+                last,
+                finish_reason: if last {
+                    finish_reason::STOP.to_owned()
+                } else {
+                    String::new()
+                },
+                ..Default::default()
+            };
+            token.header.stamp = Time {
+                sec: 1_700_000_000 + i32::try_from(i).unwrap(),
+                nanosec: 123_456_789,
+            };
+            token.header.frame_id = "camera_optical_frame".to_owned();
+            token
+        })
+        .collect()
+}
+
+fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask::Response> {
+    Ok(Ask::Response {
+        success: true,
+        error_code: String::new(),
+        error_message: String::new(),
+        request_id: request.request_id.clone(),
+        // The echo of everything received, so the peer checks each field arrived as sent.
+        answer: serde_json::to_string(request)?,
+        reasoning: tokens
+            .iter()
+            .filter(|t| t.reasoning)
+            .map(|t| t.text.as_str())
+            .collect(),
+        tool_calls_json: r#"[{"name":"look","arguments":{"where":"桌子"}}]"#.to_owned(),
+        finish_reason: finish_reason::STOP.to_owned(),
+        image_source: "request".to_owned(),
+        image_stamp: Time {
+            sec: 7,
+            nanosec: 999_999_999,
+        },
+        prompt_tokens: 100 + u32::try_from(request.prompt.chars().count())?,
+        completion_tokens: u32::try_from(tokens.len())?,
+        ttft_s: 0.125,
+        decode_tokens_per_s: 42.5,
+    })
+}
+
+/// The sentinel defaults the interface documents, as the Rust side receives them.
+fn assert_sentinels(request: &Ask::Request) {
+    assert_eq!(request.camera, "");
+    assert_eq!(request.max_image_age_s, -1.0);
+    assert!(request.images.is_empty() && request.compressed_images.is_empty());
+    assert_eq!(request.temperature, -1.0);
+    assert_eq!(request.top_p, -1.0);
+    assert_eq!(request.min_p, -1.0);
+    assert_eq!(request.top_k, -1);
+    assert_eq!(request.repetition_penalty, -1.0);
+    assert_eq!(request.presence_penalty, -1.0);
+    assert_eq!(request.seed, -1);
+    assert_eq!(request.enable_thinking, enable_thinking::DEFAULT);
+    assert_eq!(request.max_new_tokens, 0);
+    assert!(request.stop.is_empty());
+    assert!(request.use_default_stop);
+    assert_eq!(request.timeout_s, -1.0);
+}
+
+#[test]
+fn rust_defaults_and_constants_match_the_interface() {
+    ros_env();
+    assert_sentinels(&Ask::Request::default());
+    let thinking = [
+        (
+            Ask::Request::ENABLE_THINKING_DEFAULT as i64,
+            enable_thinking::DEFAULT,
+        ),
+        (
+            Ask::Request::ENABLE_THINKING_OFF as i64,
+            enable_thinking::OFF,
+        ),
+        (Ask::Request::ENABLE_THINKING_ON as i64, enable_thinking::ON),
+    ];
+    for (generated, ours) in thinking {
+        assert_eq!(generated, i64::from(ours));
+    }
+    assert_eq!(
+        [
+            enable_thinking::DEFAULT,
+            enable_thinking::OFF,
+            enable_thinking::ON
+        ],
+        [-1, 0, 1]
+    );
+    let codes = [
+        (
+            Ask::Response::ERROR_BUSY.as_slice(),
+            error_code::BUSY,
+            "busy",
+        ),
+        (
+            Ask::Response::ERROR_NOT_READY,
+            error_code::NOT_READY,
+            "not_ready",
+        ),
+        (
+            Ask::Response::ERROR_NO_IMAGE,
+            error_code::NO_IMAGE,
+            "no_image",
+        ),
+        (
+            Ask::Response::ERROR_STALE_IMAGE,
+            error_code::STALE_IMAGE,
+            "stale_image",
+        ),
+        (
+            Ask::Response::ERROR_INVALID_REQUEST,
+            error_code::INVALID_REQUEST,
+            "invalid_request",
+        ),
+        (
+            Ask::Response::ERROR_CONTEXT_OVERFLOW,
+            error_code::CONTEXT_OVERFLOW,
+            "context_overflow",
+        ),
+        (
+            Ask::Response::ERROR_CANCELLED,
+            error_code::CANCELLED,
+            "cancelled",
+        ),
+        (Ask::Response::ERROR_TIMEOUT, error_code::TIMEOUT, "timeout"),
+        (
+            Ask::Response::ERROR_BACKEND_ERROR,
+            error_code::BACKEND_ERROR,
+            "backend_error",
+        ),
+        (Token::FINISH_STOP, finish_reason::STOP, "stop"),
+        (Token::FINISH_LENGTH, finish_reason::LENGTH, "length"),
+        (
+            Token::FINISH_CANCELLED,
+            finish_reason::CANCELLED,
+            "cancelled",
+        ),
+        (Token::FINISH_TIMEOUT, finish_reason::TIMEOUT, "timeout"),
+        (Token::FINISH_ERROR, finish_reason::ERROR, "error"),
+    ];
+    for (generated, ours, documented) in codes {
+        assert_eq!(idl_str(generated), Some(documented));
+        assert_eq!(ours, documented);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_services_reach_an_rclpy_peer_intact() -> anyhow::Result<()> {
+    ros_env();
+    let prefix = unique_prefix("roundtrip");
+    let (tokens_topic, ask_name, cancel_name) = (
+        format!("{prefix}/vlm/tokens"),
+        format!("{prefix}/ask"),
+        format!("{prefix}/vlm/cancel"),
+    );
+
+    let ctx = r2r::Context::create()?;
+    let node_name = format!("test_node{}", prefix.replace('/', "_"));
+    let mut node = r2r::Node::create(ctx, &node_name, "")?;
+    let tokens = node.create_publisher::<Token>(&tokens_topic, tokens_qos())?;
+    let mut asks =
+        node.create_service::<Ask::Service>(&ask_name, QosProfile::services_default())?;
+    let mut cancels =
+        node.create_service::<Cancel::Service>(&cancel_name, QosProfile::services_default())?;
+    let spin = SpinThread::start(node)?;
+
+    let peer = spawn_peer(&[
+        "roundtrip",
+        "--tokens",
+        &tokens_topic,
+        "--ask",
+        &ask_name,
+        "--cancel",
+        &cancel_name,
+        "--timeout",
+        "45",
+    ])?;
+    let mut report = tokio::spawn(peer_report(peer, PEER_TIMEOUT));
+
+    let mut published: Vec<Token> = Vec::new();
+    let mut sent_responses: Vec<serde_json::Value> = Vec::new();
+    let mut asked: Vec<String> = Vec::new();
+    let serve = async {
+        // Two asks then two cancels, as the peer sends them.
+        while asked.len() < 2 || sent_responses.len() < 4 {
+            tokio::select! {
+                Some(request) = asks.next() => {
+                    let message = request.message.clone();
+                    if message.request_id == "req-defaults" {
+                        assert_sentinels(&message);
+                    }
+                    // A reliable, volatile publisher only delivers to readers it has matched.
+                    let start = Instant::now();
+                    while tokens.get_inter_process_subscription_count()? == 0 {
+                        ensure!(start.elapsed() < Duration::from_secs(20), "the peer never subscribed to {tokens_topic}");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    let stream = tokens_for(&message.request_id);
+                    for token in &stream {
+                        tokens.publish(token)?;
+                    }
+                    let response = response_for(&message, &stream)?;
+                    sent_responses.push(serde_json::to_value(&response)?);
+                    published.extend(stream);
+                    asked.push(message.request_id.clone());
+                    request.respond(response)?;
+                }
+                Some(request) = cancels.next() => {
+                    let known = asked.contains(&request.message.request_id);
+                    let response = Cancel::Response {
+                        success: known,
+                        message: if known { "cancelled while running ✓".to_owned() } else { "unknown request id".to_owned() },
+                    };
+                    sent_responses.push(serde_json::to_value(&response)?);
+                    request.respond(response)?;
+                }
+                // A peer that stops early has failed a check: report it now, not at the timeout.
+                peer = &mut report => {
+                    let report = peer??;
+                    bail!("the peer finished before all its requests were served: {report}");
+                }
+                else => bail!("the service streams ended"),
+            }
+        }
+        anyhow::Ok(())
+    };
+    tokio::time::timeout(PEER_TIMEOUT, serve)
+        .await
+        .context("the peer's requests did not arrive in time")??;
+
+    let report = report.await??;
+    spin.stop()?;
+
+    let received: Vec<Token> = serde_json::from_value(report["tokens"].clone())?;
+    assert_eq!(received.len(), published.len(), "Token count");
+    for (got, sent) in received.iter().zip(&published) {
+        assert_eq!(got, sent, "Token {} of {}", sent.index, sent.request_id);
+    }
+    assert_eq!(
+        received.iter().filter(|t| t.last).count(),
+        2,
+        "one last Token per request"
+    );
+    let responses = report["responses"].as_array().context("responses")?;
+    assert_eq!(
+        responses, &sent_responses,
+        "service responses as the peer got them"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vlm_node_refuses_honestly_and_stops_on_sigterm() -> anyhow::Result<()> {
+    ros_env();
+    let prefix = unique_prefix("node");
+    let names = [
+        ("/ask", format!("{prefix}/ask")),
+        ("/vlm/cancel", format!("{prefix}/vlm/cancel")),
+        ("/vlm/tokens", format!("{prefix}/vlm/tokens")),
+        ("/vlm/answers", format!("{prefix}/vlm/answers")),
+    ];
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
+    cmd.arg("--ros-args");
+    for (from, to) in &names {
+        cmd.arg("-r").arg(format!("{from}:={to}"));
+    }
+    let mut node = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting vlm_node")?;
+    let stderr = node.stderr.take().context("vlm_node stderr")?;
+    let log = tokio::spawn(async move {
+        let mut all = String::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("vlm_node: {line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+
+    let peer = spawn_peer(&[
+        "node",
+        "--ask",
+        &names[0].1,
+        "--cancel",
+        &names[1].1,
+        "--tokens",
+        &names[2].1,
+        "--answers",
+        &names[3].1,
+        "--timeout",
+        "45",
+    ])?;
+    let report = peer_report(peer, PEER_TIMEOUT).await?;
+    assert_eq!(report["ask"]["error_code"], "not_ready");
+    assert_eq!(report["ask"]["success"], false);
+
+    let pid = node.id().context("vlm_node exited early")?;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    ensure!(status.success(), "kill -TERM failed");
+    let exit = tokio::time::timeout(Duration::from_secs(15), node.wait())
+        .await
+        .context("vlm_node did not exit within 15 s of SIGTERM")??;
+    let log = tokio::time::timeout(Duration::from_secs(5), log).await??;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+    assert!(log.contains("SIGTERM received"), "log:\n{log}");
+    assert!(log.contains("vlm_node stopped cleanly"), "log:\n{log}");
+    Ok(())
+}

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Checks the board build (README "Build on the board") here: runs the documented colcon
+# command in a throwaway workspace, .cache/colcon-check/ (never in the repo root, own cargo
+# target directory under its build/), against the PyPI ROS 2 from tools/ros2-bootstrap.sh,
+# then checks what was installed.
+#
+#   bash tools/colcon-check.sh          (after bash tools/ros2-bootstrap.sh)
+#
+# The workspace is kept between runs so the cargo build is incremental; its src/ copy is
+# refreshed every run (file times are kept, so unchanged sources don't rebuild).
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WS=${COLCON_CHECK_WS:-$ROOT/.cache/colcon-check}
+R2=$ROOT/.ros2
+[ -f "$R2/setup.bash" ] || { echo "run bash tools/ros2-bootstrap.sh first" >&2; exit 1; }
+
+echo "[colcon-check] workspace $WS"
+rm -rf "$WS/src" "$WS/install"
+mkdir -p "$WS/src/bpu_vlm"
+# The repository's files as a fresh clone has them (tracked + new, not ignored).
+if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    tar --null -T - -cf -) | tar -C "$WS/src/bpu_vlm" -xf -
+else
+  tar -C "$ROOT" --exclude=./target --exclude=./.ros2 --exclude=./.cache --exclude=./.git -cf - . |
+    tar -C "$WS/src/bpu_vlm" -xf -
+fi
+
+cd "$WS"
+# shellcheck disable=SC1091
+source "$R2/setup.bash"
+# Like the board: the ROS installation only; bpu_vlm_msgs must come from this workspace.
+export AMENT_PREFIX_PATH=$R2/venv CMAKE_PREFIX_PATH=$R2/venv
+unset PYTHONPATH
+# The documented command (README), plus what the PyPI ROS needs here: its Python for
+# rosidl, no tests. The board adds `--release`; a dev build keeps this check quicker.
+colcon build --base-paths src/bpu_vlm src/bpu_vlm/msg --cargo-args --bin vlm_node \
+  --cmake-args -DPython3_EXECUTABLE="$R2/venv/bin/python" -DBUILD_TESTING=OFF \
+  --event-handlers console_direct- console_cohesion- summary+ status-
+
+echo "[colcon-check] checking the install space"
+fail=0
+for f in \
+  install/bpu_vlm/lib/bpu_vlm/vlm_node \
+  install/bpu_vlm/share/bpu_vlm/package.xml \
+  install/bpu_vlm/share/bpu_vlm/launch/vlm.launch.py \
+  install/bpu_vlm/share/bpu_vlm/launch/vlm_params.yaml \
+  install/bpu_vlm/share/bpu_vlm/launch/fastdds_large_frames.xml \
+  install/bpu_vlm/share/ament_index/resource_index/packages/bpu_vlm \
+  install/bpu_vlm_msgs/share/bpu_vlm_msgs/msg/Token.msg \
+  install/bpu_vlm_msgs/share/bpu_vlm_msgs/srv/Ask.srv \
+  install/bpu_vlm_msgs/share/ament_index/resource_index/packages/bpu_vlm_msgs; do
+  if [ -e "$f" ]; then echo "  ok  $f"; else echo "  MISSING $f"; fail=1; fi
+done
+# Only these two packages: the crates under crates/ and hbdnn-sys/ stay out of discovery.
+pkgs=$(colcon list --base-paths src/bpu_vlm src/bpu_vlm/msg --names-only | sort | tr '\n' ' ')
+[ "$pkgs" = "bpu_vlm bpu_vlm_msgs " ] || { echo "  colcon found: $pkgs (want: bpu_vlm bpu_vlm_msgs)"; fail=1; }
+pkgs=$(colcon list --base-paths src --names-only | sort | tr '\n' ' ')
+[ "$pkgs" = "bpu_vlm " ] || { echo "  colcon list --base-paths src found: $pkgs (want: bpu_vlm)"; fail=1; }
+
+# `ros2 launch` is not installable here: check the launch file statically.
+python3 - install/bpu_vlm/share/bpu_vlm/launch/vlm.launch.py <<'EOF' || fail=1
+import ast, sys
+tree = ast.parse(open(sys.argv[1]).read())
+calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+def name(c): return getattr(c.func, 'id', getattr(c.func, 'attr', ''))
+args = {c.args[0].value for c in calls if name(c) == 'DeclareLaunchArgument'}
+want = {'model_dir', 'image_topic', 'params_file'}
+assert want <= args, f'launch arguments {args}, want {want}'
+nodes = [{k.arg: getattr(k.value, 'value', None) for k in c.keywords} for c in calls if name(c) == 'Node']
+assert len(nodes) == 1 and nodes[0]['package'] == 'bpu_vlm' and nodes[0]['executable'] == 'vlm_node', nodes
+print('  ok  vlm.launch.py declares', sorted(args), 'and starts bpu_vlm/vlm_node')
+EOF
+exit $fail
