@@ -1,0 +1,349 @@
+//! Vision tower (Qwen3-VL style ViT without deepstack) and the HF processor's normalise +
+//! merge-order patchify of an RGB8 image.
+
+use crate::config::VisionConfig;
+use crate::error::{check_len, Error, Result};
+use crate::layers::{attention, AttnMask, Linear};
+use crate::ops::{apply_rotary, gelu_erf, gelu_tanh, layer_norm};
+use crate::rope::ImageGrid;
+use crate::weights::WeightStore;
+
+/// LayerNorm epsilon of every vision norm.
+const VISION_LN_EPS: f32 = 1e-6;
+/// 2-D rotary base of the vision attention.
+const VISION_ROPE_THETA: f64 = 10_000.0;
+/// Processor normalisation (`image_mean` = `image_std` = 0.5 for Qwen3.5).
+const IMAGE_MEAN: f32 = 0.5;
+const IMAGE_STD: f32 = 0.5;
+
+struct Block {
+    norm1: (Vec<f32>, Vec<f32>),
+    norm2: (Vec<f32>, Vec<f32>),
+    qkv: Linear,
+    proj: Linear,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// `model.visual.*`.
+pub struct VisionTower {
+    cfg: VisionConfig,
+    patch_embed: Linear,
+    pos_embed: Vec<f32>,
+    blocks: Vec<Block>,
+    merger_norm: (Vec<f32>, Vec<f32>),
+    merger_fc1: Linear,
+    merger_fc2: Linear,
+}
+
+fn ln(ws: &WeightStore, p: &str, d: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+    Ok((
+        ws.get_f32(&format!("{p}.weight"), &[d])?,
+        ws.get_f32(&format!("{p}.bias"), &[d])?,
+    ))
+}
+
+impl VisionTower {
+    pub fn new(cfg: &VisionConfig, ws: &WeightStore, prefix: &str) -> Result<Self> {
+        let d = cfg.hidden_size;
+        let pe_name = format!("{prefix}patch_embed.proj.weight");
+        let pe_w = ws.get_f32(
+            &pe_name,
+            &[
+                d,
+                cfg.in_channels,
+                cfg.temporal_patch_size,
+                cfg.patch_size,
+                cfg.patch_size,
+            ],
+        )?;
+        let pe_b = ws.get_f32(&format!("{prefix}patch_embed.proj.bias"), &[d])?;
+        let mut blocks = Vec::with_capacity(cfg.depth);
+        for i in 0..cfg.depth {
+            let p = format!("{prefix}blocks.{i}.");
+            blocks.push(Block {
+                norm1: ln(ws, &format!("{p}norm1"), d)?,
+                norm2: ln(ws, &format!("{p}norm2"), d)?,
+                qkv: Linear::with_bias(ws, &format!("{p}attn.qkv"), 3 * d, d)?,
+                proj: Linear::with_bias(ws, &format!("{p}attn.proj"), d, d)?,
+                fc1: Linear::with_bias(
+                    ws,
+                    &format!("{p}mlp.linear_fc1"),
+                    cfg.intermediate_size,
+                    d,
+                )?,
+                fc2: Linear::with_bias(
+                    ws,
+                    &format!("{p}mlp.linear_fc2"),
+                    d,
+                    cfg.intermediate_size,
+                )?,
+            });
+        }
+        let m2 = d * cfg.spatial_merge_size * cfg.spatial_merge_size;
+        Ok(Self {
+            patch_embed: Linear::from_parts(pe_w, Some(pe_b), d, cfg.patch_len()),
+            pos_embed: ws.get_f32(
+                &format!("{prefix}pos_embed.weight"),
+                &[cfg.num_position_embeddings, d],
+            )?,
+            blocks,
+            merger_norm: ln(ws, &format!("{prefix}merger.norm"), d)?,
+            merger_fc1: Linear::with_bias(ws, &format!("{prefix}merger.linear_fc1"), m2, m2)?,
+            merger_fc2: Linear::with_bias(
+                ws,
+                &format!("{prefix}merger.linear_fc2"),
+                cfg.out_hidden_size,
+                m2,
+            )?,
+            cfg: cfg.clone(),
+        })
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.cfg
+    }
+
+    /// Output rows of one image.
+    pub fn rows_for(&self, g: ImageGrid) -> usize {
+        let m = self.cfg.spatial_merge_size;
+        g.t * g.h * g.w / (m * m)
+    }
+
+    /// `pixel_values [patches, C·T·P·P]` (images concatenated, each in merge order) with one
+    /// grid per image → `[Σ rows, out_hidden_size]`.
+    pub fn forward(&self, pixel_values: &[f32], grids: &[ImageGrid]) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let m = cfg.spatial_merge_size;
+        let d = cfg.hidden_size;
+        let mut total = 0;
+        for g in grids {
+            if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
+                return Err(Error::Image {
+                    reason: format!(
+                        "grid {}x{}x{} is empty or not divisible by merge {m}",
+                        g.t, g.h, g.w
+                    ),
+                });
+            }
+            total += g.t * g.h * g.w;
+        }
+        check_len(
+            "pixel_values [patches, C*T*P*P]",
+            total * cfg.patch_len(),
+            pixel_values.len(),
+        )?;
+        let mut x = self.patch_embed.forward(pixel_values, total);
+        // row/col of every patch in merge order, frame by frame
+        let mut rc = Vec::with_capacity(total);
+        for g in grids {
+            for _ in 0..g.t {
+                for br in 0..g.h / m {
+                    for bc in 0..g.w / m {
+                        for ir in 0..m {
+                            for ic in 0..m {
+                                rc.push((br * m + ir, bc * m + ic, g.h, g.w));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // bilinear (align_corners) resampling of the learned position grid
+        let side = cfg.pos_grid_side;
+        let taps = |i: usize, n: usize| {
+            let src = if n > 1 {
+                i as f64 * (side - 1) as f64 / (n - 1) as f64
+            } else {
+                0.0
+            };
+            let f = src.floor() as usize;
+            let f1 = (f + 1).min(side - 1);
+            let w1 = (src - f as f64) as f32;
+            (f.min(side - 1), f1, 1.0 - w1, w1)
+        };
+        for (p, &(r, c, gh, gw)) in rc.iter().enumerate() {
+            let (r0, r1, wr0, wr1) = taps(r, gh);
+            let (c0, c1, wc0, wc1) = taps(c, gw);
+            let row = &mut x[p * d..(p + 1) * d];
+            for (idx, wt) in [
+                (r0 * side + c0, wr0 * wc0),
+                (r0 * side + c1, wr0 * wc1),
+                (r1 * side + c0, wr1 * wc0),
+                (r1 * side + c1, wr1 * wc1),
+            ] {
+                let pe = &self.pos_embed[idx * d..(idx + 1) * d];
+                row.iter_mut().zip(pe).for_each(|(a, b)| *a += wt * b);
+            }
+        }
+        // 2-D rotary tables over the full head dim: [row·f, col·f] duplicated
+        let hd = cfg.head_dim();
+        let nf = hd / 4;
+        let inv: Vec<f64> = (0..nf)
+            .map(|i| VISION_ROPE_THETA.powf(-(2.0 * i as f64) / (hd / 2) as f64))
+            .collect();
+        let mut cos = vec![0.0f32; total * hd];
+        let mut sin = vec![0.0f32; total * hd];
+        for (p, &(r, c, _, _)) in rc.iter().enumerate() {
+            for (i, f) in inv.iter().enumerate() {
+                for (j, pos) in [(i, r), (i + nf, c)] {
+                    let (s, co) = (pos as f64 * f).sin_cos();
+                    for off in [j, j + hd / 2] {
+                        cos[p * hd + off] = co as f32;
+                        sin[p * hd + off] = s as f32;
+                    }
+                }
+            }
+        }
+        // frames: block-diagonal attention
+        let mut frames = Vec::new();
+        let mut start = 0;
+        for g in grids {
+            for _ in 0..g.t {
+                frames.push((start, g.h * g.w));
+                start += g.h * g.w;
+            }
+        }
+        let nh = cfg.num_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        for b in &self.blocks {
+            let mut h = x.clone();
+            layer_norm(&mut h, &b.norm1.0, &b.norm1.1, VISION_LN_EPS);
+            let qkv = b.qkv.forward(&h, total);
+            let mut attn_out = vec![0.0f32; total * d];
+            for &(s0, len) in &frames {
+                let mut q = vec![0.0f32; len * d];
+                let mut k = vec![0.0f32; len * d];
+                let mut v = vec![0.0f32; len * d];
+                for t in 0..len {
+                    let row = &qkv[(s0 + t) * 3 * d..(s0 + t + 1) * 3 * d];
+                    q[t * d..(t + 1) * d].copy_from_slice(&row[..d]);
+                    k[t * d..(t + 1) * d].copy_from_slice(&row[d..2 * d]);
+                    v[t * d..(t + 1) * d].copy_from_slice(&row[2 * d..]);
+                    let (c, s) = (
+                        &cos[(s0 + t) * hd..(s0 + t + 1) * hd],
+                        &sin[(s0 + t) * hd..(s0 + t + 1) * hd],
+                    );
+                    apply_rotary(&mut q[t * d..(t + 1) * d], hd, c, s);
+                    apply_rotary(&mut k[t * d..(t + 1) * d], hd, c, s);
+                }
+                let o = attention(&q, len, nh, &k, &v, len, nh, hd, scale, AttnMask::None);
+                attn_out[s0 * d..(s0 + len) * d].copy_from_slice(&o);
+            }
+            let pr = b.proj.forward(&attn_out, total);
+            x.iter_mut().zip(&pr).for_each(|(a, c)| *a += c);
+            let mut h = x.clone();
+            layer_norm(&mut h, &b.norm2.0, &b.norm2.1, VISION_LN_EPS);
+            let mut f = b.fc1.forward(&h, total);
+            f.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+            let f2 = b.fc2.forward(&f, total);
+            x.iter_mut().zip(&f2).for_each(|(a, c)| *a += c);
+        }
+        layer_norm(
+            &mut x,
+            &self.merger_norm.0,
+            &self.merger_norm.1,
+            VISION_LN_EPS,
+        );
+        let rows = total / (m * m);
+        let mut hsn = self.merger_fc1.forward(&x, rows);
+        hsn.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        Ok(self.merger_fc2.forward(&hsn, rows))
+    }
+}
+
+/// HF processor (`Qwen2VLImageProcessor*` with Qwen3.5 values) for an image whose sides are
+/// already multiples of `patch·merge` (no resize here): `x/255`, `(x − 0.5)/0.5`, patches in
+/// merge-block order, each `(C, T, P, P)` with the frame repeated over T.
+/// `rgb` is interleaved RGB8, row-major `[height, width, 3]`.
+pub fn patchify_rgb8(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    cfg: &VisionConfig,
+) -> Result<(Vec<f32>, ImageGrid)> {
+    let (p, m, tp) = (
+        cfg.patch_size,
+        cfg.spatial_merge_size,
+        cfg.temporal_patch_size,
+    );
+    if cfg.in_channels != 3 {
+        return Err(Error::Image {
+            reason: format!("in_channels {} (only RGB supported)", cfg.in_channels),
+        });
+    }
+    check_len("rgb8 [height, width, 3]", width * height * 3, rgb.len())?;
+    let unit = p * m;
+    if width == 0 || height == 0 || width % unit != 0 || height % unit != 0 {
+        return Err(Error::Image {
+            reason: format!(
+                "{width}x{height} is not a positive multiple of {unit} px (resize first)"
+            ),
+        });
+    }
+    let (gh, gw) = (height / p, width / p);
+    let scale = 1.0f32 / 255.0;
+    let norm = |v: u8| (v as f32 * scale - IMAGE_MEAN) / IMAGE_STD;
+    let plen = cfg.patch_len();
+    let mut out = Vec::with_capacity(gh * gw * plen);
+    for br in 0..gh / m {
+        for bc in 0..gw / m {
+            for ir in 0..m {
+                for ic in 0..m {
+                    let (r, c) = (br * m + ir, bc * m + ic);
+                    for ch in 0..3 {
+                        for _ in 0..tp {
+                            for py in 0..p {
+                                let y = r * p + py;
+                                for px in 0..p {
+                                    let xx = c * p + px;
+                                    out.push(norm(rgb[(y * width + xx) * 3 + ch]));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok((out, ImageGrid { t: 1, h: gh, w: gw }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> VisionConfig {
+        VisionConfig {
+            depth: 0,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_heads: 2,
+            in_channels: 3,
+            patch_size: 2,
+            temporal_patch_size: 2,
+            spatial_merge_size: 2,
+            out_hidden_size: 4,
+            num_position_embeddings: 16,
+            pos_grid_side: 4,
+        }
+    }
+
+    #[test]
+    fn patchify_merge_order_and_normalisation() {
+        let (w, h) = (8, 4); // grid 2 x 4 patches, merged 1 x 2
+        let rgb: Vec<u8> = (0..w * h * 3).map(|i| (i % 251) as u8).collect();
+        let (pv, g) = patchify_rgb8(&rgb, w, h, &cfg()).unwrap();
+        assert_eq!(g, ImageGrid { t: 1, h: 2, w: 4 });
+        assert_eq!(pv.len(), 8 * 24);
+        // patch index 2 = block (0,0), in_row 1, in_col 0 → patch row 1, col 0 → pixel (2, 0)
+        let px =
+            |y: usize, x: usize, c: usize| (rgb[(y * w + x) * 3 + c] as f32 / 255.0 - 0.5) / 0.5;
+        assert!((pv[2 * 24] - px(2, 0, 0)).abs() < 1e-6);
+        // patch 4 = block (0,1): patch row 0, col 2 → pixel (0, 4); channel 1, frame 1, py 1, px 1
+        let off = 4 * 24 + 8 + 4 + 2 + 1;
+        assert!((pv[off] - px(1, 5, 1)).abs() < 1e-6);
+        assert!(patchify_rgb8(&rgb[..10], w, h, &cfg()).is_err());
+        assert!(patchify_rgb8(&[0; 6 * 4 * 3], 6, 4, &cfg()).is_err());
+    }
+}
