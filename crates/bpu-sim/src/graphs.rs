@@ -1,0 +1,409 @@
+//! Contract graphs computed with `crates/qwen35`: the text graphs (`qwen35` decode and
+//! `qwen35_prefill`, contract §3/§4) and the vision tower (`visual`, §6), plus their I/O specs.
+
+use std::sync::Arc;
+
+use hbdnn_sys as sys;
+use qwen35::{
+    Config, ImageGrid, LayerType, LogitRows, TextConfig, TextModel, VisionConfig, VisionTower,
+    WeightStore,
+};
+
+use crate::container::{
+    Container, GraphDesc, GraphKind, LogitsType, TensorDesc, TextParams, VisualParams,
+};
+use crate::kernels::{read_f32, write_f32, Kernel};
+
+/// Extra bytes added to the row pitch of multi-row tensors, so that a reader assuming tight
+/// rows reads garbage (boards pad rows; contract §3.3).
+pub const ROW_PAD: usize = 32;
+
+fn tensor(shape: &[usize], dtype: i32, scale: Vec<f32>) -> TensorDesc {
+    let esz = crate::container::elem_size(dtype).unwrap_or(4);
+    let rank = shape.len();
+    let multi_row = rank >= 2 && shape[rank - 2] > 1;
+    let strides = if multi_row {
+        // Explicit padded strides: last = element, rows = aligned + pad, outer = dense over rows.
+        let mut s = vec![0i64; rank];
+        s[rank - 1] = esz as i64;
+        s[rank - 2] = ((shape[rank - 1] * esz).div_ceil(32) * 32 + ROW_PAD) as i64;
+        for d in (0..rank - 2).rev() {
+            s[d] = s[d + 1] * shape[d + 1] as i64;
+        }
+        s
+    } else {
+        vec![-1; rank]
+    };
+    TensorDesc {
+        shape: shape.iter().map(|&d| d as i32).collect(),
+        dtype,
+        strides,
+        scale,
+    }
+}
+
+/// Cache tensors in [`qwen35::SequenceState::buffers`] order (2 per layer). Reported with -1
+/// strides, so the runtime resolves them (conv rows of 3 floats get padded to 32 bytes).
+pub fn cache_descs(cfg: &TextConfig, window: usize) -> Vec<TensorDesc> {
+    let f32t = sys::HB_DNN_TENSOR_TYPE_F32;
+    let dense = |shape: &[usize]| TensorDesc {
+        shape: shape.iter().map(|&d| d as i32).collect(),
+        dtype: f32t,
+        strides: vec![-1; shape.len()],
+        scale: vec![],
+    };
+    let mut out = Vec::new();
+    for lt in &cfg.layer_types {
+        match lt {
+            LayerType::LinearAttention => {
+                out.push(dense(&[
+                    cfg.linear_num_value_heads,
+                    cfg.linear_key_head_dim,
+                    cfg.linear_value_head_dim,
+                ]));
+                out.push(dense(&[
+                    cfg.linear_conv_dim(),
+                    cfg.linear_conv_kernel_dim - 1,
+                ]));
+            }
+            LayerType::FullAttention => {
+                let kv = [window, cfg.num_key_value_heads, cfg.head_dim];
+                out.push(dense(&kv));
+                out.push(dense(&kv));
+            }
+        }
+    }
+    out
+}
+
+/// The text graph's I/O (contract §3.1 / §4.2).
+pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDesc {
+    let f32t = sys::HB_DNN_TENSOR_TYPE_F32;
+    let n = p.rows;
+    let mask_shape: Vec<usize> = if n == 1 {
+        vec![p.mask_heads, p.window]
+    } else {
+        vec![p.mask_heads, n, p.window]
+    };
+    let mut inputs = vec![
+        tensor(&[n, cfg.hidden_size], f32t, vec![]),
+        tensor(&[n, cfg.rotary_dim], f32t, vec![]),
+        tensor(&[n, cfg.rotary_dim], f32t, vec![]),
+        tensor(&mask_shape, f32t, vec![]),
+    ];
+    let caches = cache_descs(cfg, p.window);
+    inputs.extend(caches.iter().cloned());
+    let logit_rows = if n > 1 && p.logits_all_rows { n } else { 1 };
+    let logits = match p.logits {
+        LogitsType::F32 => tensor(&[logit_rows, cfg.vocab_size], f32t, vec![]),
+        LogitsType::S16 => tensor(
+            &[logit_rows, cfg.vocab_size],
+            sys::HB_DNN_TENSOR_TYPE_S16,
+            vec![p.logits_scale],
+        ),
+    };
+    let mut outputs = vec![logits];
+    outputs.extend(caches);
+    GraphDesc {
+        name: name.to_owned(),
+        kind: GraphKind::Qwen35Text(p.clone()),
+        inputs,
+        outputs,
+        compile_cores: 1,
+    }
+}
+
+/// The vision graph's I/O (contract §6): `[n_patch, C·T·P·P]` f32 → `[n_token, out_hidden]`.
+pub fn visual_graph_desc(name: &str, cfg: &VisionConfig, p: &VisualParams) -> GraphDesc {
+    let grid = p.image_size / cfg.patch_size;
+    let m = cfg.spatial_merge_size;
+    let out = match p.output {
+        LogitsType::F32 => tensor(
+            &[grid * grid / (m * m), cfg.out_hidden_size],
+            sys::HB_DNN_TENSOR_TYPE_F32,
+            vec![],
+        ),
+        LogitsType::S16 => tensor(
+            &[grid * grid / (m * m), cfg.out_hidden_size],
+            sys::HB_DNN_TENSOR_TYPE_S16,
+            vec![p.output_scale],
+        ),
+    };
+    GraphDesc {
+        name: name.to_owned(),
+        kind: GraphKind::Visual(p.clone()),
+        inputs: vec![tensor(
+            &[grid * grid, cfg.patch_len()],
+            sys::HB_DNN_TENSOR_TYPE_F32,
+            vec![],
+        )],
+        outputs: vec![out],
+        compile_cores: 1,
+    }
+}
+
+/// Weights of one container, loaded once and shared by its graphs.
+pub(crate) struct Loaded {
+    config: Config,
+    ws: WeightStore,
+}
+
+impl Loaded {
+    pub(crate) fn new(c: &Container) -> Result<Self, String> {
+        let cfg = c.header.config.as_ref().ok_or("container has no config")?;
+        let config = Config::from_json_str(&cfg.to_string()).map_err(|e| format!("config: {e}"))?;
+        let ws = store_from_bytes(&c.payload)?;
+        Ok(Self { config, ws })
+    }
+}
+
+/// `WeightStore` opens files only; the payload is written to a private temporary file that
+/// is unlinked right after mapping (the map stays valid).
+fn store_from_bytes(payload: &[u8]) -> Result<WeightStore, String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "bpu-sim-{}-{}.safetensors",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::write(&path, payload).map_err(|e| format!("{}: {e}", path.display()))?;
+    let ws =
+        WeightStore::open_files(std::slice::from_ref(&path)).map_err(|e| format!("weights: {e}"));
+    let _ = std::fs::remove_file(&path);
+    ws
+}
+
+pub(crate) fn build(
+    desc: &GraphDesc,
+    kind: &GraphKind,
+    loaded: &mut Option<Arc<Loaded>>,
+    c: &Container,
+) -> Result<Box<dyn Kernel>, String> {
+    let l = match loaded {
+        Some(l) => l.clone(),
+        None => {
+            let l = Arc::new(Loaded::new(c)?);
+            *loaded = Some(l.clone());
+            l
+        }
+    };
+    match kind {
+        GraphKind::Qwen35Text(p) => {
+            let prefix = if l.ws.contains("model.language_model.embed_tokens.weight") {
+                "model.language_model."
+            } else {
+                "model."
+            };
+            let model = TextModel::new(&l.config.text, &l.ws, prefix)
+                .map_err(|e| format!("text model: {e}"))?;
+            let expect = text_graph_desc(&desc.name, &l.config.text, p);
+            if expect.inputs != desc.inputs || expect.outputs != desc.outputs {
+                return Err("graph I/O does not match the model config".into());
+            }
+            Ok(Box::new(TextGraph {
+                model,
+                p: p.clone(),
+                desc: desc.clone(),
+            }))
+        }
+        GraphKind::Visual(p) => {
+            let vc = l
+                .config
+                .vision
+                .as_ref()
+                .ok_or("config has no vision tower")?;
+            let tower = VisionTower::new(vc, &l.ws, "model.visual.")
+                .map_err(|e| format!("vision tower: {e}"))?;
+            if p.image_size % (vc.patch_size * vc.spatial_merge_size) != 0 {
+                return Err(format!(
+                    "image size {} not a multiple of patch × merge",
+                    p.image_size
+                ));
+            }
+            Ok(Box::new(VisualGraph {
+                tower,
+                grid: p.image_size / vc.patch_size,
+                p: p.clone(),
+                desc: desc.clone(),
+            }))
+        }
+        GraphKind::Affine { .. } => Err("affine graphs are built elsewhere".into()),
+    }
+}
+
+fn write_out(t: &TensorDesc, bytes: &mut [u8], data: &[f32], kind: LogitsType, scale: f32) {
+    match kind {
+        LogitsType::F32 => write_f32(t, bytes, data),
+        LogitsType::S16 => {
+            let strides = crate::container::resolved_strides(t);
+            let rank = t.shape.len();
+            let last = t.shape[rank - 1] as usize;
+            for (r, row) in data.chunks(last).enumerate() {
+                let base = r * if rank >= 2 { strides[rank - 2] } else { 0 };
+                for (c, v) in row.iter().enumerate() {
+                    let q = (v / scale).round().clamp(i16::MIN as f32, i16::MAX as f32) as i16;
+                    let at = base + c * 2;
+                    bytes[at..at + 2].copy_from_slice(&q.to_le_bytes());
+                }
+            }
+        }
+    }
+}
+
+struct TextGraph {
+    model: TextModel,
+    p: TextParams,
+    desc: GraphDesc,
+}
+
+impl Kernel for TextGraph {
+    fn run(&self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), String> {
+        let d = &self.desc;
+        let x = read_f32(&d.inputs[0], inputs[0]);
+        let cos = read_f32(&d.inputs[1], inputs[1]);
+        let sin = read_f32(&d.inputs[2], inputs[2]);
+        let mask = read_f32(&d.inputs[3], inputs[3]);
+        let mut state = self.model.new_window_state(self.p.window);
+        for (c, buf) in state.buffers_mut().into_iter().enumerate() {
+            let v = read_f32(&d.inputs[4 + c], inputs[4 + c]);
+            buf.copy_from_slice(&v);
+        }
+        let rows = if self.p.rows > 1 && self.p.logits_all_rows {
+            LogitRows::All
+        } else {
+            LogitRows::Last
+        };
+        let n = self.p.rows;
+        let real = if self.p.pads {
+            real_rows(&mask, n, self.p.window)?
+        } else {
+            n
+        };
+        let logits = if real == n {
+            self.model
+                .forward_window(&x, &cos, &sin, &mask, self.p.mask_heads, &mut state, rows)
+                .map_err(|e| e.to_string())?
+        } else {
+            self.padded(&x, &cos, &sin, &mask, real, &mut state, rows)?
+        };
+        write_out(
+            &d.outputs[0],
+            outputs[0],
+            &logits,
+            self.p.logits,
+            self.p.logits_scale,
+        );
+        for (c, buf) in state.buffers().into_iter().enumerate() {
+            write_f32(&d.outputs[1 + c], outputs[1 + c], buf);
+        }
+        Ok(())
+    }
+}
+
+/// Rows before the first fully masked row of plane 0; pads must all come after real rows.
+fn real_rows(mask: &[f32], n: usize, cl: usize) -> Result<usize, String> {
+    let is_pad = |j: usize| {
+        mask[j * cl..(j + 1) * cl]
+            .iter()
+            .all(|&v| v <= qwen35::MASK_NEG / 2.0)
+    };
+    let t = (0..n).position(is_pad).unwrap_or(n);
+    if (t..n).any(|j| !is_pad(j)) {
+        return Err(format!(
+            "pad rows must follow the real rows (first pad at {t})"
+        ));
+    }
+    if t == 0 {
+        return Err("a chunk of pad rows only".into());
+    }
+    Ok(t)
+}
+
+impl TextGraph {
+    /// Runs the `t` real rows of an N-row padded chunk, then lays the K/V windows out as an
+    /// N-row shift would: pad rows at the end, zero.
+    #[allow(clippy::too_many_arguments)]
+    fn padded(
+        &self,
+        x: &[f32],
+        cos: &[f32],
+        sin: &[f32],
+        mask: &[f32],
+        t: usize,
+        state: &mut qwen35::SequenceState,
+        rows: LogitRows,
+    ) -> Result<Vec<f32>, String> {
+        let cfg = self.model.config();
+        let (n, cl, mh) = (self.p.rows, self.p.window, self.p.mask_heads);
+        let pad = n - t;
+        // The runtime's mask addresses the N-shifted window: column c there is c + pad after a
+        // t-row shift.
+        let mut m = vec![qwen35::MASK_NEG; mh * t * cl];
+        for h in 0..mh {
+            for j in 0..t {
+                let src = &mask[(h * n + j) * cl..(h * n + j + 1) * cl];
+                m[(h * t + j) * cl + pad..(h * t + j + 1) * cl].copy_from_slice(&src[..cl - pad]);
+            }
+        }
+        let h = cfg.hidden_size;
+        let rot = cfg.rotary_dim;
+        let out = self
+            .model
+            .forward_window(
+                &x[..t * h],
+                &cos[..t * rot],
+                &sin[..t * rot],
+                &m,
+                mh,
+                state,
+                rows,
+            )
+            .map_err(|e| e.to_string())?;
+        let row = cfg.num_key_value_heads * cfg.head_dim;
+        for l in &mut state.layers {
+            if let qwen35::LayerState::Full(kv) = l {
+                for w in [&mut kv.k, &mut kv.v] {
+                    w.copy_within(pad * row.., 0);
+                    let len = w.len();
+                    w[len - pad * row..].fill(0.0);
+                }
+            }
+        }
+        Ok(match rows {
+            LogitRows::Last => out,
+            LogitRows::All => {
+                let mut all = out;
+                all.resize(n * cfg.vocab_size, 0.0);
+                all
+            }
+        })
+    }
+}
+
+struct VisualGraph {
+    tower: VisionTower,
+    grid: usize,
+    p: VisualParams,
+    desc: GraphDesc,
+}
+
+impl Kernel for VisualGraph {
+    fn run(&self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), String> {
+        let px = read_f32(&self.desc.inputs[0], inputs[0]);
+        let g = ImageGrid {
+            t: 1,
+            h: self.grid,
+            w: self.grid,
+        };
+        let rows = self.tower.forward(&px, &[g]).map_err(|e| e.to_string())?;
+        write_out(
+            &self.desc.outputs[0],
+            outputs[0],
+            &rows,
+            self.p.output,
+            self.p.output_scale,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,428 @@
+//! The sim-package writer behind `vlm make-sim-package`: turns an HF Qwen3.5 checkpoint into
+//! the published package layout with sim containers in place of compiled graphs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::container::{Container, Header, LogitsType, TextParams, VisualParams};
+use crate::graphs::{text_graph_desc, visual_graph_desc};
+
+/// Where the prefill graph goes (`--prefill-in`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillIn {
+    /// Only `model.hbm` carries `qwen35_prefill`.
+    Model,
+    /// Only `model_prefill.hbm` carries it (the default).
+    Separate,
+    /// Both: `model.hbm` carries an older variant (all-row logits), `model_prefill.hbm` the
+    /// requested one.
+    Both,
+    /// No prefill graph at all.
+    None,
+}
+
+/// Options of `make-sim-package`, with the pinned defaults of issue 4.
+#[derive(Debug, Clone)]
+pub struct PackageOptions {
+    /// HF checkpoint directory (`config.json`, `*.safetensors`).
+    pub hf_dir: PathBuf,
+    pub out_dir: PathBuf,
+    /// `--config`: a config.json used instead of `hf_dir/config.json`.
+    pub config: Option<PathBuf>,
+    /// `--no-weights`: real shapes, no weights (timing model only).
+    pub no_weights: bool,
+    /// tokenizer.json to copy (default `hf_dir/tokenizer.json`).
+    pub tokenizer: Option<PathBuf>,
+    pub cache_len: usize,
+    pub prefill_chunk: usize,
+    pub prefill_in: PrefillIn,
+    /// `--mask-heads`: `None` = the attention head count (default), else 1.
+    pub mask_heads_one: bool,
+    /// `--prefill-logits all` (default last).
+    pub prefill_logits_all: bool,
+    pub logits: LogitsType,
+    /// Scale of S16 logits and S16 tower output.
+    pub s16_scale: f32,
+    /// Tower input bucket in pixels.
+    pub image_size: usize,
+    /// System prompt written to `model.json`.
+    pub system: String,
+    /// `--prefill-pads`: the prefill graph accepts a padded tail (contract §4.4, inferred).
+    pub prefill_pads: bool,
+    /// `prefill_min_tail` written with `--prefill-pads` (default: the chunk size).
+    pub prefill_min_tail: Option<usize>,
+}
+
+impl PackageOptions {
+    /// Defaults: cache_len 512, chunk 32, separate prefill file, mask heads = H, last-row
+    /// prefill logits, f32 logits, 320 px tower.
+    pub fn new(hf_dir: &Path, out_dir: &Path) -> Self {
+        Self {
+            hf_dir: hf_dir.to_owned(),
+            out_dir: out_dir.to_owned(),
+            config: None,
+            no_weights: false,
+            tokenizer: None,
+            cache_len: 512,
+            prefill_chunk: 32,
+            prefill_in: PrefillIn::Separate,
+            mask_heads_one: false,
+            prefill_logits_all: false,
+            logits: LogitsType::F32,
+            s16_scale: 1.0 / 512.0,
+            image_size: 320,
+            system: "You are a helpful assistant.".into(),
+            prefill_pads: false,
+            prefill_min_tail: None,
+        }
+    }
+}
+
+/// Errors of the package writer; each names the file or setting.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Input { path: PathBuf, reason: String },
+    #[error("invalid option: {0}")]
+    Option(String),
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PackageError + '_ {
+    move |source| PackageError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What was written.
+#[derive(Debug, Clone)]
+pub struct PackageSummary {
+    pub files: Vec<PathBuf>,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub vision: bool,
+}
+
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, PackageError> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        // HF weight files are `model.safetensors` or `model-0000i-of-0000n.safetensors`;
+        // other safetensors (fixture goldens) are not weights.
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "safetensors")
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("model"))
+        })
+        .collect();
+    v.sort();
+    if v.is_empty() {
+        return Err(PackageError::Input {
+            path: dir.to_owned(),
+            reason: "no *.safetensors file".into(),
+        });
+    }
+    Ok(v)
+}
+
+/// Raw tensors of a checkpoint: name → (dtype, shape, bytes).
+type Tensors = BTreeMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)>;
+
+fn read_tensors(files: &[PathBuf]) -> Result<Tensors, PackageError> {
+    let mut out = Tensors::new();
+    for f in files {
+        let bytes = std::fs::read(f).map_err(io(f))?;
+        let st =
+            safetensors::SafeTensors::deserialize(&bytes).map_err(|e| PackageError::Input {
+                path: f.clone(),
+                reason: e.to_string(),
+            })?;
+        for (name, view) in st.tensors() {
+            out.insert(
+                name,
+                (view.dtype(), view.shape().to_vec(), view.data().to_vec()),
+            );
+        }
+    }
+    Ok(out)
+}
+
+fn serialize(tensors: &Tensors, keep: impl Fn(&str) -> bool) -> Result<Vec<u8>, PackageError> {
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .filter(|(n, _)| keep(n))
+        .map(|(n, (dt, shape, data))| {
+            safetensors::tensor::TensorView::new(*dt, shape.clone(), data)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| PackageError::Option(format!("tensor {n}: {e}")))
+        })
+        .collect::<Result<_, _>>()?;
+    safetensors::serialize(views, None)
+        .map_err(|e| PackageError::Option(format!("safetensors: {e}")))
+}
+
+fn token_id(tokenizer: &Value, content: &str) -> Option<u32> {
+    tokenizer["added_tokens"]
+        .as_array()?
+        .iter()
+        .find(|t| t["content"] == content)
+        .and_then(|t| t["id"].as_u64())
+        .map(|v| v as u32)
+}
+
+fn to_f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+        .collect()
+}
+
+/// Writes a sim package (see the module docs and issue 4 item 4).
+pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageError> {
+    if o.prefill_chunk < 2 || o.prefill_chunk > o.cache_len {
+        return Err(PackageError::Option(format!(
+            "prefill chunk {} must be in 2..=cache_len ({})",
+            o.prefill_chunk, o.cache_len
+        )));
+    }
+    let cfg_path = o
+        .config
+        .clone()
+        .unwrap_or_else(|| o.hf_dir.join("config.json"));
+    let cfg_text = std::fs::read_to_string(&cfg_path).map_err(io(&cfg_path))?;
+    let cfg_json: Value = serde_json::from_str(&cfg_text).map_err(|e| PackageError::Input {
+        path: cfg_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let cfg = qwen35::Config::from_json_str(&cfg_text).map_err(|e| PackageError::Input {
+        path: cfg_path.clone(),
+        reason: e.to_string(),
+    })?;
+    let tc = &cfg.text;
+    let tok_path = o
+        .tokenizer
+        .clone()
+        .unwrap_or_else(|| o.hf_dir.join("tokenizer.json"));
+    let tok_text = std::fs::read_to_string(&tok_path).map_err(io(&tok_path))?;
+    let tok: Value = serde_json::from_str(&tok_text).map_err(|e| PackageError::Input {
+        path: tok_path.clone(),
+        reason: e.to_string(),
+    })?;
+    std::fs::create_dir_all(&o.out_dir).map_err(io(&o.out_dir))?;
+
+    let tensors = if o.no_weights {
+        Tensors::new()
+    } else {
+        read_tensors(&safetensors_files(&o.hf_dir)?)?
+    };
+    let is_visual = |n: &str| n.starts_with("model.visual.");
+    let text_payload = if o.no_weights {
+        Vec::new()
+    } else {
+        serialize(&tensors, |n| !is_visual(n))?
+    };
+    let mask_heads = if o.mask_heads_one {
+        1
+    } else {
+        tc.num_attention_heads
+    };
+    let decode = TextParams {
+        rows: 1,
+        window: o.cache_len,
+        mask_heads,
+        logits_all_rows: false,
+        logits: o.logits,
+        logits_scale: o.s16_scale,
+        pads: false,
+    };
+    let prefill = TextParams {
+        rows: o.prefill_chunk,
+        logits_all_rows: o.prefill_logits_all,
+        pads: o.prefill_pads,
+        ..decode.clone()
+    };
+    let older_prefill = TextParams {
+        logits_all_rows: true,
+        pads: false,
+        ..prefill.clone()
+    };
+    let header = |graphs| Header {
+        graphs,
+        config: Some(cfg_json.clone()),
+        has_weights: !o.no_weights,
+    };
+    let mut files = Vec::new();
+    let mut write = |name: &str, c: Container| -> Result<(), PackageError> {
+        let p = o.out_dir.join(name);
+        c.write(&p).map_err(|e| PackageError::Input {
+            path: p.clone(),
+            reason: e.to_string(),
+        })?;
+        files.push(p);
+        Ok(())
+    };
+    let mut model_graphs = vec![text_graph_desc("qwen35", tc, &decode)];
+    match o.prefill_in {
+        PrefillIn::Model => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &prefill)),
+        PrefillIn::Both => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &older_prefill)),
+        PrefillIn::Separate | PrefillIn::None => {}
+    }
+    write(
+        "model.hbm",
+        Container {
+            header: header(model_graphs),
+            payload: text_payload.clone(),
+        },
+    )?;
+    let has_prefill_file = matches!(o.prefill_in, PrefillIn::Separate | PrefillIn::Both);
+    if has_prefill_file {
+        let g = vec![text_graph_desc("qwen35_prefill", tc, &prefill)];
+        write(
+            "model_prefill.hbm",
+            Container {
+                header: header(g),
+                payload: text_payload,
+            },
+        )?;
+    }
+    let vision = cfg.vision.as_ref();
+    if let Some(vc) = vision {
+        if o.image_size % (vc.patch_size * vc.spatial_merge_size) != 0 {
+            return Err(PackageError::Option(format!(
+                "image size {} is not a multiple of patch {} × merge {}",
+                o.image_size, vc.patch_size, vc.spatial_merge_size
+            )));
+        }
+        let p = VisualParams {
+            image_size: o.image_size,
+            output: o.logits,
+            output_scale: o.s16_scale,
+        };
+        let payload = if o.no_weights {
+            Vec::new()
+        } else {
+            serialize(&tensors, is_visual)?
+        };
+        write(
+            "visual.hbm",
+            Container {
+                header: header(vec![visual_graph_desc("visual", vc, &p)]),
+                payload,
+            },
+        )?;
+    }
+
+    // embed_tokens.bin: headerless fp16 [vocab, H].
+    let embed_path = o.out_dir.join("embed_tokens.bin");
+    let embed_len = (tc.vocab_size * tc.hidden_size * 2) as u64;
+    if o.no_weights {
+        let f = std::fs::File::create(&embed_path).map_err(io(&embed_path))?;
+        f.set_len(embed_len).map_err(io(&embed_path))?; // sparse zeros
+    } else {
+        let name = [
+            "model.language_model.embed_tokens.weight",
+            "model.embed_tokens.weight",
+        ]
+        .into_iter()
+        .find(|n| tensors.contains_key(*n))
+        .ok_or_else(|| PackageError::Input {
+            path: o.hf_dir.clone(),
+            reason: "no embed_tokens weight".into(),
+        })?;
+        let ws = qwen35::WeightStore::open_files(&safetensors_files(&o.hf_dir)?).map_err(|e| {
+            PackageError::Input {
+                path: o.hf_dir.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        let table = ws
+            .get_f32(name, &[tc.vocab_size, tc.hidden_size])
+            .map_err(|e| PackageError::Input {
+                path: o.hf_dir.clone(),
+                reason: e.to_string(),
+            })?;
+        std::fs::write(&embed_path, to_f16_bytes(&table)).map_err(io(&embed_path))?;
+    }
+    files.push(embed_path);
+    let tok_out = o.out_dir.join("tokenizer.json");
+    std::fs::write(&tok_out, tok_text.as_bytes()).map_err(io(&tok_out))?;
+    files.push(tok_out);
+
+    // model.json with the keys of a real hybrid VLM package.
+    let im_start = token_id(&tok, "<|im_start|>");
+    let im_end = token_id(&tok, "<|im_end|>");
+    let mut eos: Vec<u32> = Vec::new();
+    let gen_cfg = o.hf_dir.join("generation_config.json");
+    if let Ok(text) = std::fs::read_to_string(&gen_cfg) {
+        if let Ok(v) = serde_json::from_str::<Value>(&text) {
+            match &v["eos_token_id"] {
+                Value::Number(n) => eos.extend(n.as_u64().map(|x| x as u32)),
+                Value::Array(a) => {
+                    eos.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32))
+                }
+                _ => {}
+            }
+        }
+    }
+    if eos.is_empty() {
+        eos.extend(im_end);
+        eos.extend(token_id(&tok, "<|endoftext|>"));
+    }
+    let mut mj = json!({
+        "name": cfg_path.parent().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+        "arch": "hybrid",
+        "backend": "native",
+        "graph": "qwen35",
+        "hbm": "model.hbm",
+        "embed": "embed_tokens.bin",
+        "tokenizer": "tokenizer.json",
+        "eos": eos,
+        "chat": {
+            "format": "chatml",
+            "im_start": im_start.map_or(-1, i64::from),
+            "im_end": im_end.map_or(-1, i64::from),
+            "system": o.system,
+        },
+        "rope_theta": tc.rope_theta,
+        "cache_len": o.cache_len,
+        "prefill_pads": o.prefill_pads,
+        "prefill_min_tail": o.prefill_min_tail.unwrap_or(o.prefill_chunk),
+        "dialect": "qwen3.5",
+    });
+    if has_prefill_file {
+        mj["hbm_prefill"] = json!("model_prefill.hbm");
+    }
+    if let Some(id) = cfg.image_token_id {
+        mj["image_token_id"] = json!(id);
+    }
+    if let Some(vc) = vision {
+        mj["visual"] = json!("visual.hbm");
+        mj["mrope_section"] = json!(tc.mrope_section);
+        mj["mrope_interleaved"] = json!(true);
+        mj["vision"] = json!({
+            "patch": vc.patch_size,
+            "merge": vc.spatial_merge_size,
+            "mean": [0.5, 0.5, 0.5],
+            "std": [0.5, 0.5, 0.5],
+        });
+    }
+    let mj_path = o.out_dir.join("model.json");
+    let text =
+        serde_json::to_string_pretty(&mj).map_err(|e| PackageError::Option(e.to_string()))?;
+    std::fs::write(&mj_path, text).map_err(io(&mj_path))?;
+    files.push(mj_path);
+    tracing::info!(out = %o.out_dir.display(), files = files.len(), "sim package written");
+    Ok(PackageSummary {
+        files,
+        vocab: tc.vocab_size,
+        hidden: tc.hidden_size,
+        vision: vision.is_some(),
+    })
+}

@@ -1,0 +1,596 @@
+//! One simulator instance: memory pool, buffers with separate host and device copies, packed
+//! models, graphs, tasks, fault plan and counters.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{c_char, CString};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use hbdnn_sys as sys;
+
+use crate::config::{FaultAction, FaultPlan, FaultRule, SimConfig, TimingModel};
+use crate::container::{self, Container, GraphDesc, GraphKind, TensorDesc};
+use crate::kernels::{self, Kernel};
+
+/// Bytes written into fresh allocations: freed ION comes back dirty on a board.
+pub const DIRTY_BYTE: u8 = 0xA5;
+const PHY_BASE: u64 = 0x1_0000_0000;
+const TASK_BASE: usize = 0x7A5C_0000;
+
+/// Live-object counters; tests assert they return to their baseline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub live_buffers: usize,
+    pub live_tasks: usize,
+    pub live_packed: usize,
+    /// Bytes drawn from the pool (model files + buffers).
+    pub pool_used: u64,
+    /// Graph runs executed.
+    pub runs: u64,
+    /// Faults injected so far.
+    pub faults_injected: u64,
+}
+
+pub(crate) struct Buffer {
+    pub phy: u64,
+    /// Host copy (what `virAddr` points at), owned: `Box<[u64]>` leaked into a raw pointer.
+    host: *mut u64,
+    host_words: usize,
+    pub size: usize,
+    /// Device copy: what the BPU reads and writes.
+    pub device: Vec<u8>,
+}
+
+impl Buffer {
+    fn new(phy: u64, size: usize) -> Self {
+        let words = size.div_ceil(8).max(1);
+        let host =
+            Box::into_raw(vec![u64::from_ne_bytes([DIRTY_BYTE; 8]); words].into_boxed_slice());
+        Self {
+            phy,
+            host: host.cast::<u64>(),
+            host_words: words,
+            size,
+            device: vec![DIRTY_BYTE; size],
+        }
+    }
+
+    pub fn vir(&self) -> usize {
+        self.host as usize
+    }
+
+    /// Copies `[off, off+len)` host → device (`to_device`) or device → host.
+    pub fn flush(&mut self, off: usize, len: usize, to_device: bool) {
+        // SAFETY: the allocation holds `host_words * 8 >= size` bytes (see `new`); no other
+        // Rust reference to the host bytes exists (the C API user writes them only between
+        // calls, and every call holds the state lock).
+        let host = unsafe { std::slice::from_raw_parts_mut(self.host.cast::<u8>(), self.size) };
+        if to_device {
+            self.device[off..off + len].copy_from_slice(&host[off..off + len]);
+        } else {
+            host[off..off + len].copy_from_slice(&self.device[off..off + len]);
+        }
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        // SAFETY: `host` came from `Box::into_raw` of a `[u64]` of `host_words` entries and is
+        // freed once.
+        drop(unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.host,
+                self.host_words,
+            ))
+        });
+    }
+}
+
+pub(crate) struct GraphInst {
+    pub desc: GraphDesc,
+    pub props_in: Vec<sys::hbDNNTensorProperties>,
+    pub props_out: Vec<sys::hbDNNTensorProperties>,
+    pub in_names: Vec<CString>,
+    pub out_names: Vec<CString>,
+    /// Scale arrays the properties point into.
+    _scales: Vec<Box<[f32]>>,
+    pub kernel: Box<dyn Kernel>,
+    pub file: PathBuf,
+}
+
+pub(crate) struct Packed {
+    pub files: Vec<PathBuf>,
+    /// Graphs, boxed so their addresses serve as handles whatever happens to the Vec.
+    #[allow(clippy::vec_box)]
+    pub graphs: Vec<Box<GraphInst>>,
+    _names: Vec<CString>,
+    pub name_ptrs: Vec<*const c_char>,
+    pub pool_bytes: u64,
+}
+
+pub(crate) struct SubTask {
+    pub graph: usize,
+    pub inputs: Vec<sys::hbDNNTensor>,
+    pub outputs: Vec<sys::hbDNNTensor>,
+}
+
+pub(crate) enum TaskState {
+    Created,
+    Submitted { done_at: Instant, status: i32 },
+}
+
+pub(crate) struct Task {
+    pub subtasks: Vec<SubTask>,
+    pub state: TaskState,
+}
+
+pub(crate) struct SimState {
+    pub config: SimConfig,
+    pub buffers: BTreeMap<u64, Buffer>,
+    next_phy: u64,
+    /// Keyed by the packed handle value (the Box address).
+    pub packed: HashMap<usize, Box<Packed>>,
+    /// Graph handle → packed handle.
+    pub graph_owner: HashMap<usize, usize>,
+    pub tasks: HashMap<usize, Task>,
+    next_task: usize,
+    pub stats: SimStats,
+}
+
+// SAFETY: the raw pointers inside (host copies, name lists, scale arrays) point into heap data
+// owned by this state; all access is serialised by the `Mutex` in `Sim`.
+unsafe impl Send for SimState {}
+
+impl SimState {
+    fn new(config: SimConfig) -> Self {
+        Self {
+            config,
+            buffers: BTreeMap::new(),
+            next_phy: PHY_BASE,
+            packed: HashMap::new(),
+            graph_owner: HashMap::new(),
+            tasks: HashMap::new(),
+            next_task: TASK_BASE,
+            stats: SimStats::default(),
+        }
+    }
+
+    /// Consults the fault plan for `call`.
+    pub fn fault(&mut self, call: &'static str) -> Option<FaultAction> {
+        let a = self.config.faults.hit(call)?;
+        self.stats.faults_injected += 1;
+        let status = match &a {
+            FaultAction::Status(c) => crate::ffi::status_name(*c).to_owned(),
+            FaultAction::Timeout => "HB_UCP_TASK_TIMEOUT".into(),
+            FaultAction::AllocFail => "HB_UCP_MEM_ALLOC_FAIL".into(),
+            FaultAction::Slow(d) => format!("slow {d:?}"),
+            FaultAction::Panic => "panic".into(),
+        };
+        tracing::warn!(call, fault = %status, "bpu-sim: injected fault");
+        Some(a)
+    }
+
+    fn pool_take(&mut self, bytes: u64) -> bool {
+        if let Some(limit) = self.config.pool_bytes {
+            if self.stats.pool_used.saturating_add(bytes) > limit {
+                tracing::debug!(
+                    bytes,
+                    used = self.stats.pool_used,
+                    limit,
+                    "bpu-sim: pool exhausted"
+                );
+                return false;
+            }
+        }
+        self.stats.pool_used += bytes;
+        true
+    }
+
+    pub fn alloc(&mut self, size: u64) -> Result<sys::hbUCPSysMem, i32> {
+        let Ok(len) = usize::try_from(size) else {
+            return Err(sys::HB_UCP_INVALID_ARGUMENT);
+        };
+        if len == 0 {
+            return Err(sys::HB_UCP_INVALID_ARGUMENT);
+        }
+        if !self.pool_take(size) {
+            return Err(sys::HB_UCP_MEM_ALLOC_FAIL);
+        }
+        let phy = self.next_phy;
+        // Keep a gap between buffers so an off-by-one range never lands in a neighbour.
+        self.next_phy += (size.div_ceil(4096) + 1) * 4096;
+        let buf = Buffer::new(phy, len);
+        let mem = sys::hbUCPSysMem {
+            phyAddr: phy,
+            virAddr: buf.vir() as *mut std::ffi::c_void,
+            memSize: size,
+        };
+        self.buffers.insert(phy, buf);
+        self.stats.live_buffers += 1;
+        Ok(mem)
+    }
+
+    /// The buffer holding `[phy, phy+len)`, with the virtual address checked against it.
+    pub fn locate(&mut self, mem: &sys::hbUCPSysMem) -> Result<(&mut Buffer, usize), i32> {
+        let (_, buf) = self
+            .buffers
+            .range_mut(..=mem.phyAddr)
+            .next_back()
+            .ok_or(sys::HB_UCP_MEM_IS_INVALID)?;
+        let off = (mem.phyAddr - buf.phy) as usize;
+        let len = usize::try_from(mem.memSize).map_err(|_| sys::HB_UCP_MEM_IS_INVALID)?;
+        if off.checked_add(len).is_none_or(|e| e > buf.size)
+            || mem.virAddr as usize != buf.vir() + off
+        {
+            return Err(sys::HB_UCP_MEM_IS_INVALID);
+        }
+        Ok((buf, off))
+    }
+
+    pub fn free(&mut self, mem: &sys::hbUCPSysMem) -> i32 {
+        match self.buffers.get(&mem.phyAddr) {
+            Some(b) if b.vir() == mem.virAddr as usize => {}
+            _ => return sys::HB_UCP_MEM_IS_INVALID,
+        }
+        if let Some(b) = self.buffers.remove(&mem.phyAddr) {
+            self.stats.pool_used -= b.size as u64;
+            self.stats.live_buffers -= 1;
+        }
+        sys::HB_UCP_SUCCESS
+    }
+
+    pub fn load(&mut self, files: Vec<PathBuf>) -> Result<usize, i32> {
+        let mut graphs: Vec<Box<GraphInst>> = Vec::new();
+        let mut pool_bytes = 0u64;
+        for f in &files {
+            let bytes = std::fs::read(f).map_err(|e| {
+                tracing::warn!(file = %f.display(), error = %e, "bpu-sim: cannot open model file");
+                sys::HB_UCP_FILE_OPEN_FAILED
+            })?;
+            let c = Container::parse(f, &bytes).map_err(|e| {
+                tracing::warn!(error = %e, "bpu-sim: not a loadable sim container");
+                sys::HB_UCP_MODEL_INVALID
+            })?;
+            pool_bytes += bytes.len() as u64;
+            for g in build_graphs(f, &c)? {
+                if graphs.iter().any(|h| h.desc.name == g.desc.name) {
+                    tracing::debug!(graph = %g.desc.name, file = %f.display(), "duplicate graph name ignored (first file wins)");
+                    continue;
+                }
+                graphs.push(g);
+            }
+        }
+        // A whole .hbm goes into one contiguous carveout buffer on a board.
+        if !self.pool_take(pool_bytes) {
+            tracing::warn!(files = ?files, bytes = pool_bytes, "bpu-sim: model does not fit the ION pool");
+            return Err(sys::HB_UCP_MEM_ALLOC_FAIL);
+        }
+        let names: Vec<CString> = graphs
+            .iter()
+            .map(|g| CString::new(g.desc.name.clone()).expect("validated: no NUL in names"))
+            .collect();
+        let name_ptrs = names.iter().map(|c| c.as_ptr()).collect();
+        let packed = Box::new(Packed {
+            files,
+            graphs,
+            _names: names,
+            name_ptrs,
+            pool_bytes,
+        });
+        let key = &*packed as *const Packed as usize;
+        for g in &packed.graphs {
+            self.graph_owner
+                .insert(&**g as *const GraphInst as usize, key);
+        }
+        self.packed.insert(key, packed);
+        self.stats.live_packed += 1;
+        Ok(key)
+    }
+
+    pub fn release(&mut self, key: usize) -> i32 {
+        let Some(p) = self.packed.remove(&key) else {
+            return sys::HB_UCP_MODEL_INVALID;
+        };
+        for g in &p.graphs {
+            self.graph_owner
+                .remove(&(&**g as *const GraphInst as usize));
+        }
+        self.stats.pool_used -= p.pool_bytes;
+        self.stats.live_packed -= 1;
+        tracing::debug!(files = ?p.files, "bpu-sim: packed model released");
+        sys::HB_UCP_SUCCESS
+    }
+
+    pub fn graph(&self, handle: usize) -> Result<&GraphInst, i32> {
+        let owner = self
+            .graph_owner
+            .get(&handle)
+            .ok_or(sys::HB_UCP_MODEL_INVALID)?;
+        let p = self.packed.get(owner).ok_or(sys::HB_UCP_MODEL_INVALID)?;
+        p.graphs
+            .iter()
+            .find(|g| &***g as *const GraphInst as usize == handle)
+            .map(|g| &**g)
+            .ok_or(sys::HB_UCP_MODEL_INVALID)
+    }
+
+    pub fn new_task(&mut self, t: Task) -> usize {
+        self.next_task += 16;
+        self.tasks.insert(self.next_task, t);
+        self.stats.live_tasks += 1;
+        self.next_task
+    }
+
+    pub fn drop_task(&mut self, h: usize) -> i32 {
+        if self.tasks.remove(&h).is_none() {
+            return sys::HB_UCP_TASK_HANDLE_INVALID;
+        }
+        self.stats.live_tasks -= 1;
+        sys::HB_UCP_SUCCESS
+    }
+
+    /// Checks that each tensor's memory lies in a live buffer large enough for the graph's
+    /// tensor.
+    pub fn check_tensors(
+        &mut self,
+        props: &[sys::hbDNNTensorProperties],
+        ts: &[sys::hbDNNTensor],
+    ) -> i32 {
+        for (p, t) in props.iter().zip(ts) {
+            let need = p.alignedByteSize as u64;
+            if t.sysMem.memSize < need {
+                return sys::HB_UCP_INVALID_ARGUMENT;
+            }
+            let m = sys::hbUCPSysMem {
+                memSize: need,
+                ..t.sysMem
+            };
+            if self.locate(&m).is_err() {
+                return sys::HB_UCP_MEM_IS_INVALID;
+            }
+        }
+        sys::HB_UCP_SUCCESS
+    }
+
+    /// Runs every sub-task of a task on the device copies; returns the status and the
+    /// modelled duration.
+    pub fn execute(&mut self, task: usize) -> (i32, Duration) {
+        let Some(t) = self.tasks.get(&task) else {
+            return (sys::HB_UCP_TASK_HANDLE_INVALID, Duration::ZERO);
+        };
+        let subs: Vec<(usize, Vec<sys::hbDNNTensor>, Vec<sys::hbDNNTensor>)> = t
+            .subtasks
+            .iter()
+            .map(|s| (s.graph, s.inputs.clone(), s.outputs.clone()))
+            .collect();
+        let mut total = Duration::ZERO;
+        for (g, ins, outs) in subs {
+            match self.run_graph(g, &ins, &outs) {
+                Ok(d) => total += d,
+                Err(code) => return (code, total),
+            }
+        }
+        (sys::HB_UCP_SUCCESS, total)
+    }
+
+    fn run_graph(
+        &mut self,
+        handle: usize,
+        ins: &[sys::hbDNNTensor],
+        outs: &[sys::hbDNNTensor],
+    ) -> Result<Duration, i32> {
+        let (sizes_in, sizes_out, delay, needs_data) = {
+            let g = self.graph(handle)?;
+            let delay = timing_for(&g.desc, self.config.timing.as_ref());
+            (
+                g.desc
+                    .inputs
+                    .iter()
+                    .map(container::byte_size)
+                    .collect::<Vec<_>>(),
+                g.desc
+                    .outputs
+                    .iter()
+                    .map(container::byte_size)
+                    .collect::<Vec<_>>(),
+                delay,
+                g.kernel.needs_data(),
+            )
+        };
+        self.stats.runs += 1;
+        if !needs_data {
+            return Ok(delay);
+        }
+        // Copy inputs out of the device copies first: a buffer may be bound on both sides.
+        let mut in_data = Vec::with_capacity(ins.len());
+        for (t, &n) in ins.iter().zip(&sizes_in) {
+            let (buf, off) = self.locate(&sys::hbUCPSysMem {
+                memSize: n as u64,
+                ..t.sysMem
+            })?;
+            in_data.push(buf.device[off..off + n].to_vec());
+        }
+        let mut out_data: Vec<Vec<u8>> = sizes_out.iter().map(|&n| vec![0u8; n]).collect();
+        {
+            let g = self.graph(handle)?;
+            let in_refs: Vec<&[u8]> = in_data.iter().map(Vec::as_slice).collect();
+            let mut out_refs: Vec<&mut [u8]> = out_data.iter_mut().map(Vec::as_mut_slice).collect();
+            if let Err(e) = g.kernel.run(&in_refs, &mut out_refs) {
+                tracing::warn!(graph = %g.desc.name, file = %g.file.display(), error = %e, "bpu-sim: graph run failed");
+                return Err(sys::HB_UCP_TASK_RUN_FAILED);
+            }
+        }
+        for (t, data) in outs.iter().zip(&out_data) {
+            let (buf, off) = self.locate(&sys::hbUCPSysMem {
+                memSize: data.len() as u64,
+                ..t.sysMem
+            })?;
+            buf.device[off..off + data.len()].copy_from_slice(data);
+        }
+        Ok(delay)
+    }
+}
+
+fn timing_for(desc: &GraphDesc, timing: Option<&TimingModel>) -> Duration {
+    let Some(t) = timing else {
+        return Duration::ZERO;
+    };
+    let sized = |hidden: usize| {
+        if t.by_package_size {
+            TimingModel::s100p(hidden)
+        } else {
+            *t
+        }
+    };
+    let hidden = desc
+        .inputs
+        .first()
+        .and_then(|i| i.shape.last())
+        .map_or(0, |&h| h as usize);
+    match &desc.kind {
+        GraphKind::Qwen35Text(p) if p.rows > 1 => sized(hidden).prefill,
+        GraphKind::Qwen35Text(_) => sized(hidden).decode,
+        GraphKind::Visual(_) => t.visual,
+        GraphKind::Affine { .. } => Duration::ZERO,
+    }
+}
+
+fn properties(t: &TensorDesc, scales: &mut Vec<Box<[f32]>>) -> sys::hbDNNTensorProperties {
+    let mut p = sys::hbDNNTensorProperties::default();
+    p.validShape.numDimensions = t.shape.len() as i32;
+    p.validShape.dimensionSize[..t.shape.len()].copy_from_slice(&t.shape);
+    p.tensorType = t.dtype;
+    p.stride[..t.strides.len()].copy_from_slice(&t.strides);
+    p.alignedByteSize = container::byte_size(t) as i64;
+    if !t.scale.is_empty() {
+        let mut s: Box<[f32]> = t.scale.clone().into_boxed_slice();
+        p.scale.scaleLen = s.len() as i32;
+        p.scale.scaleData = s.as_mut_ptr();
+        p.quantiType = sys::HB_DNN_QUANTI_TYPE_SCALE;
+        scales.push(s);
+    }
+    p
+}
+
+#[allow(clippy::vec_box)]
+fn build_graphs(file: &std::path::Path, c: &Container) -> Result<Vec<Box<GraphInst>>, i32> {
+    let mut out = Vec::new();
+    let mut loaded = None;
+    for desc in &c.header.graphs {
+        let kernel = kernels::build(desc, c, &mut loaded).map_err(|e| {
+            tracing::warn!(file = %file.display(), graph = %desc.name, error = %e, "bpu-sim: cannot build graph");
+            sys::HB_UCP_MODEL_INVALID
+        })?;
+        let mut scales = Vec::new();
+        let props_in = desc
+            .inputs
+            .iter()
+            .map(|t| properties(t, &mut scales))
+            .collect();
+        let props_out = desc
+            .outputs
+            .iter()
+            .map(|t| properties(t, &mut scales))
+            .collect();
+        let name = |side: &str, i: usize| CString::new(format!("{side}_{i}")).expect("no NUL");
+        out.push(Box::new(GraphInst {
+            desc: desc.clone(),
+            props_in,
+            props_out,
+            in_names: (0..desc.inputs.len()).map(|i| name("input", i)).collect(),
+            out_names: (0..desc.outputs.len()).map(|i| name("output", i)).collect(),
+            _scales: scales,
+            kernel,
+            file: file.to_owned(),
+        }));
+    }
+    Ok(out)
+}
+
+/// A simulator instance. Cheap to clone (shared). The C entry points act on the instance
+/// installed on the calling thread ([`Sim::install`]), or a per-thread one built from the
+/// environment on first use.
+#[derive(Clone)]
+pub struct Sim(Arc<Mutex<SimState>>);
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Sim").field(&self.stats()).finish()
+    }
+}
+
+thread_local! {
+    static CURRENT: std::cell::RefCell<Option<Sim>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Sim {
+    /// A fresh instance.
+    pub fn new(config: SimConfig) -> Self {
+        Self(Arc::new(Mutex::new(SimState::new(config))))
+    }
+
+    /// The calling thread's instance; created from the environment on first use (an invalid
+    /// environment is logged and ignored; [`crate::table`] reports it as an error instead).
+    pub fn current() -> Self {
+        CURRENT.with(|c| {
+            c.borrow_mut()
+                .get_or_insert_with(|| {
+                    let cfg = SimConfig::from_env().unwrap_or_else(|e| {
+                        tracing::error!(error = %e, "bpu-sim: ignoring invalid environment");
+                        SimConfig::default()
+                    });
+                    Sim::new(cfg)
+                })
+                .clone()
+        })
+    }
+
+    /// Makes this instance the calling thread's one (e.g. on an engine thread).
+    pub fn install(&self) {
+        CURRENT.with(|c| *c.borrow_mut() = Some(self.clone()));
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, SimState> {
+        // A panic inside an entry point is caught at the boundary; the state stays usable.
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats
+    }
+
+    /// Replaces the fault plan.
+    pub fn set_faults(&self, plan: FaultPlan) {
+        self.lock().config.faults = plan;
+    }
+
+    /// Adds one fault rule.
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.lock().config.faults.rules.push(rule);
+    }
+
+    /// Sets the pool size (`None` = unlimited).
+    pub fn set_pool(&self, bytes: Option<u64>) {
+        self.lock().config.pool_bytes = bytes;
+    }
+
+    /// Sets the timing model.
+    pub fn set_timing(&self, timing: Option<TimingModel>) {
+        self.lock().config.timing = timing;
+    }
+
+    /// The device copy of the buffer at `phy` (for tests that inspect what the BPU sees).
+    pub fn device_bytes(&self, phy: u64, len: usize) -> Option<Vec<u8>> {
+        let mut st = self.lock();
+        let m = sys::hbUCPSysMem {
+            phyAddr: phy,
+            virAddr: std::ptr::null_mut(),
+            memSize: len as u64,
+        };
+        let (_, buf) = st.buffers.range_mut(..=m.phyAddr).next_back()?;
+        let off = (phy - buf.phy) as usize;
+        buf.device.get(off..off + len).map(<[u8]>::to_vec)
+    }
+}
