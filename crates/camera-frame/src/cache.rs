@@ -1,0 +1,594 @@
+//! Latest valid frame per camera topic, and the choice of frame for an ask.
+//!
+//! Pure logic with no ROS: the node's per-topic tasks call [`CameraCache::record`] for each
+//! message, the engine side calls [`CameraCache::select`]. Times are passed in (`now`) so the
+//! rules are testable; the node passes `Instant::now()`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::error::{FrameError, FrameErrorKind};
+use crate::frame::Frame;
+
+/// A message header stamp (`builtin_interfaces/Time`), kept as the camera sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stamp {
+    pub sec: i32,
+    pub nanosec: u32,
+}
+
+/// The frame chosen for an ask, with where and when it came from.
+#[derive(Debug, Clone)]
+pub struct CachedFrame {
+    pub topic: Arc<str>,
+    pub frame: Arc<Frame>,
+    /// The header stamp (possibly a sensor clock unrelated to this host's).
+    pub stamp: Stamp,
+    /// When the node received it (host monotonic clock); ages are measured from here.
+    pub arrival: Instant,
+    /// 1 for the first frame accepted on the topic, then counting up.
+    pub seq: u64,
+}
+
+impl CachedFrame {
+    /// Time since arrival.
+    pub fn age(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.arrival)
+    }
+}
+
+/// Cache set-up, from the node's parameters.
+#[derive(Debug, Clone)]
+pub struct CacheConfig {
+    /// Every subscribed camera topic, raw and compressed (fully resolved names).
+    pub topics: Vec<String>,
+    /// The camera an ask without one uses; `None` or empty means the first topic.
+    pub default_camera: Option<String>,
+    /// Minimum time between two rejection warnings for one topic.
+    pub warn_interval: Duration,
+}
+
+/// A cache configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheConfigError {
+    #[error("camera topic list contains an empty name")]
+    EmptyTopic,
+    #[error("camera topic {topic:?} is listed twice")]
+    DuplicateTopic { topic: String },
+    #[error("default_camera {name:?} is not one of the camera topics")]
+    UnknownDefault { name: String },
+}
+
+/// Why no frame could be picked for an ask.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    /// The ask named a camera that is not subscribed.
+    #[error("unknown camera {name:?}")]
+    UnknownCamera { name: String },
+    /// The ask wants the default camera but no camera topic is configured.
+    #[error("no camera topic is configured")]
+    NoCamera,
+    /// The camera is subscribed but no valid frame has arrived yet.
+    #[error("no image has arrived on {topic}")]
+    NoImage { topic: String },
+    /// The latest valid frame is older than the allowed age.
+    #[error("latest image on {topic} is {age:?} old, above the limit of {max_age:?}")]
+    StaleImage {
+        topic: String,
+        age: Duration,
+        max_age: Duration,
+    },
+}
+
+impl SelectError {
+    /// The node's `error_code` for this failure.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::UnknownCamera { .. } => "invalid_request",
+            Self::NoCamera | Self::NoImage { .. } => "no_image",
+            Self::StaleImage { .. } => "stale_image",
+        }
+    }
+}
+
+/// `record` was called for a topic the cache was not configured with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("topic {topic:?} is not a configured camera topic")]
+pub struct UnknownTopic {
+    pub topic: String,
+}
+
+/// `max_image_age_s` outside `0..` (negative, NaN or infinite).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("max_image_age_s must be a finite number >= 0, got {0}")]
+pub struct InvalidMaxAge(pub f64);
+
+/// Turns the `max_image_age_s` parameter into a limit: `0` means no limit.
+pub fn max_age_from_secs(secs: f64) -> Result<Option<Duration>, InvalidMaxAge> {
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(InvalidMaxAge(secs));
+    }
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
+}
+
+/// A rejection the node should log now (at most one per topic per `warn_interval`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RejectWarning {
+    pub topic: String,
+    pub error: FrameError,
+    /// Rejections on this topic that were not warned about since the previous warning.
+    pub suppressed: u64,
+    /// All rejections on this topic so far, this one included.
+    pub rejected_total: u64,
+}
+
+/// Counters for one topic, for diagnostics and the "publishers but no frames" warning.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopicStats {
+    pub accepted: u64,
+    pub rejected: u64,
+    /// When the cache was created (the subscription's start).
+    pub registered_at: Instant,
+    /// Last message of any kind, valid or rejected.
+    pub last_arrival: Option<Instant>,
+    /// Last valid frame.
+    pub last_accepted: Option<Instant>,
+    pub last_rejection: Option<FrameErrorKind>,
+}
+
+impl TopicStats {
+    /// Time without any message on the topic: since the last arrival, or since registration
+    /// when nothing ever arrived. The node warns when this is long while the topic has
+    /// publishers (too-large frames lost in DDS shared memory, QoS mismatch).
+    pub fn silent_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_arrival.unwrap_or(self.registered_at))
+    }
+}
+
+#[derive(Debug)]
+struct Slot {
+    latest: Option<CachedFrame>,
+    stats: TopicStats,
+    last_warning: Option<Instant>,
+    suppressed: u64,
+}
+
+/// Latest valid frame per camera topic. Shareable across threads (`Arc<CameraCache>`); each
+/// topic has its own lock, held only to swap or clone an `Arc`.
+#[derive(Debug)]
+pub struct CameraCache {
+    order: Vec<Arc<str>>,
+    slots: HashMap<Arc<str>, Mutex<Slot>>,
+    default_camera: Option<Arc<str>>,
+    warn_interval: Duration,
+}
+
+impl CameraCache {
+    /// Creates the cache for a fixed set of topics; `now` starts each topic's silence clock.
+    pub fn new(config: CacheConfig, now: Instant) -> Result<Self, CacheConfigError> {
+        let mut order = Vec::with_capacity(config.topics.len());
+        let mut slots = HashMap::with_capacity(config.topics.len());
+        for topic in config.topics {
+            if topic.is_empty() {
+                return Err(CacheConfigError::EmptyTopic);
+            }
+            let key: Arc<str> = topic.into();
+            let slot = Slot {
+                latest: None,
+                stats: TopicStats {
+                    accepted: 0,
+                    rejected: 0,
+                    registered_at: now,
+                    last_arrival: None,
+                    last_accepted: None,
+                    last_rejection: None,
+                },
+                last_warning: None,
+                suppressed: 0,
+            };
+            if slots.insert(key.clone(), Mutex::new(slot)).is_some() {
+                return Err(CacheConfigError::DuplicateTopic {
+                    topic: key.to_string(),
+                });
+            }
+            order.push(key);
+        }
+        let mut cache = Self {
+            order,
+            slots,
+            default_camera: None,
+            warn_interval: config.warn_interval,
+        };
+        cache.default_camera = match config.default_camera.filter(|s| !s.is_empty()) {
+            Some(name) => Some(
+                cache
+                    .resolve(&name)
+                    .ok_or(CacheConfigError::UnknownDefault { name })?,
+            ),
+            None => cache.order.first().cloned(),
+        };
+        Ok(cache)
+    }
+
+    /// The configured topics, in configuration order.
+    pub fn topics(&self) -> impl Iterator<Item = &str> {
+        self.order.iter().map(|t| &**t)
+    }
+
+    /// The topic an ask without a camera uses.
+    pub fn default_camera(&self) -> Option<&str> {
+        self.default_camera.as_deref()
+    }
+
+    /// The configured topic a camera name refers to: the exact name, or the name with a
+    /// leading `/` added (`image_raw` → `/image_raw`).
+    pub fn resolve(&self, name: &str) -> Option<Arc<str>> {
+        if let Some((k, _)) = self.slots.get_key_value(name) {
+            return Some(k.clone());
+        }
+        if name.starts_with('/') {
+            return None;
+        }
+        self.slots
+            .get_key_value(format!("/{name}").as_str())
+            .map(|(k, _)| k.clone())
+    }
+
+    /// Records one message's outcome: a valid frame replaces the topic's latest one; a
+    /// rejected frame keeps it, is counted, and returns a warning to log when the topic's
+    /// rate limit allows.
+    pub fn record(
+        &self,
+        topic: &str,
+        outcome: Result<Frame, FrameError>,
+        stamp: Stamp,
+        now: Instant,
+    ) -> Result<Option<RejectWarning>, UnknownTopic> {
+        let (key, slot) = self
+            .slots
+            .get_key_value(topic)
+            .ok_or_else(|| UnknownTopic {
+                topic: topic.to_owned(),
+            })?;
+        let mut slot = lock(slot);
+        slot.stats.last_arrival = Some(now);
+        match outcome {
+            Ok(frame) => {
+                slot.stats.accepted += 1;
+                slot.stats.last_accepted = Some(now);
+                slot.latest = Some(CachedFrame {
+                    topic: key.clone(),
+                    frame: Arc::new(frame),
+                    stamp,
+                    arrival: now,
+                    seq: slot.stats.accepted,
+                });
+                Ok(None)
+            }
+            Err(error) => {
+                slot.stats.rejected += 1;
+                slot.stats.last_rejection = Some(error.kind());
+                let due = slot
+                    .last_warning
+                    .is_none_or(|t| now.saturating_duration_since(t) >= self.warn_interval);
+                if !due {
+                    slot.suppressed += 1;
+                    return Ok(None);
+                }
+                slot.last_warning = Some(now);
+                let suppressed = std::mem::take(&mut slot.suppressed);
+                Ok(Some(RejectWarning {
+                    topic: key.to_string(),
+                    error,
+                    suppressed,
+                    rejected_total: slot.stats.rejected,
+                }))
+            }
+        }
+    }
+
+    /// Picks the frame for an ask: the named camera (see [`CameraCache::resolve`]) or the
+    /// default one; its latest valid frame must exist and, when `max_age` is set, be at most
+    /// that old at `now`.
+    pub fn select(
+        &self,
+        camera: Option<&str>,
+        max_age: Option<Duration>,
+        now: Instant,
+    ) -> Result<CachedFrame, SelectError> {
+        let topic = match camera {
+            Some(name) => self
+                .resolve(name)
+                .ok_or_else(|| SelectError::UnknownCamera {
+                    name: name.to_owned(),
+                })?,
+            None => self.default_camera.clone().ok_or(SelectError::NoCamera)?,
+        };
+        let latest = self.latest(&topic).ok_or_else(|| SelectError::NoImage {
+            topic: topic.to_string(),
+        })?;
+        if let Some(max_age) = max_age {
+            let age = latest.age(now);
+            if age > max_age {
+                return Err(SelectError::StaleImage {
+                    topic: topic.to_string(),
+                    age,
+                    max_age,
+                });
+            }
+        }
+        Ok(latest)
+    }
+
+    /// The latest valid frame on a configured topic (exact name).
+    pub fn latest(&self, topic: &str) -> Option<CachedFrame> {
+        self.slots.get(topic).and_then(|s| lock(s).latest.clone())
+    }
+
+    /// Counters for a configured topic (exact name).
+    pub fn stats(&self, topic: &str) -> Option<TopicStats> {
+        self.slots.get(topic).map(|s| lock(s).stats.clone())
+    }
+
+    /// Topics with no message for at least `threshold` at `now`, with how long; the node
+    /// warns about those that have publishers.
+    pub fn silent_topics(&self, now: Instant, threshold: Duration) -> Vec<(Arc<str>, Duration)> {
+        self.order
+            .iter()
+            .filter_map(|t| {
+                let silent = lock(&self.slots[t]).stats.silent_for(now);
+                (silent >= threshold).then(|| (t.clone(), silent))
+            })
+            .collect()
+    }
+}
+
+/// A panic while holding a slot lock leaves plain assigned fields, still consistent.
+fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::validate::{ImageMsg, Limits};
+
+    fn frame(value: u8) -> Frame {
+        Frame::from_image(
+            ImageMsg {
+                encoding: "mono8",
+                width: 2,
+                height: 1,
+                step: 2,
+                is_bigendian: false,
+                data: vec![value, value],
+            },
+            &Limits::default(),
+        )
+        .unwrap()
+    }
+
+    fn bad() -> FrameError {
+        FrameError::UnknownEncoding {
+            encoding: "bayer".into(),
+        }
+    }
+
+    fn cache(t0: Instant) -> CameraCache {
+        CameraCache::new(
+            CacheConfig {
+                topics: vec!["/image_raw".into(), "/image_raw/compressed".into()],
+                default_camera: None,
+                warn_interval: Duration::from_secs(10),
+            },
+            t0,
+        )
+        .unwrap()
+    }
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn keeps_latest_valid_frame_and_rejects_keep_previous() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let st = Stamp { sec: 5, nanosec: 7 };
+        assert_eq!(
+            c.record("/image_raw", Ok(frame(1)), st, t0 + S(1)),
+            Ok(None)
+        );
+        assert_eq!(
+            c.record("/image_raw", Ok(frame(2)), Stamp::default(), t0 + S(2)),
+            Ok(None)
+        );
+        let w = c
+            .record("/image_raw", Err(bad()), Stamp::default(), t0 + S(3))
+            .unwrap()
+            .expect("first rejection warns");
+        assert_eq!((w.suppressed, w.rejected_total), (0, 1));
+        let got = c.select(None, None, t0 + S(4)).unwrap();
+        assert_eq!(got.frame.data(), &[2, 2]);
+        assert_eq!(
+            (got.seq, got.arrival, &*got.topic),
+            (2, t0 + S(2), "/image_raw")
+        );
+        let stats = c.stats("/image_raw").unwrap();
+        assert_eq!((stats.accepted, stats.rejected), (2, 1));
+        assert_eq!(stats.last_rejection, Some(FrameErrorKind::UnknownEncoding));
+        assert_eq!(stats.last_arrival, Some(t0 + S(3)));
+        assert_eq!(stats.last_accepted, Some(t0 + S(2)));
+        assert!(c
+            .record("/other", Ok(frame(0)), Stamp::default(), t0)
+            .is_err());
+    }
+
+    #[test]
+    fn rejection_warnings_are_rate_limited() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let rec = |t| {
+            c.record("/image_raw", Err(bad()), Stamp::default(), t)
+                .unwrap()
+        };
+        assert!(rec(t0).is_some());
+        assert!(rec(t0 + S(1)).is_none());
+        assert!(rec(t0 + S(9)).is_none());
+        let w = rec(t0 + S(10)).expect("interval passed");
+        assert_eq!((w.suppressed, w.rejected_total), (2, 4));
+        assert!(rec(t0 + S(11)).is_none());
+        // Topics are limited independently.
+        assert!(c
+            .record(
+                "/image_raw/compressed",
+                Err(bad()),
+                Stamp::default(),
+                t0 + S(11)
+            )
+            .unwrap()
+            .is_some());
+    }
+
+    #[test]
+    fn selection_errors() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let e = c.select(Some("/nope"), None, t0).unwrap_err();
+        assert_eq!(e.code(), "invalid_request");
+        let e = c.select(None, None, t0).unwrap_err();
+        assert_eq!(
+            e,
+            SelectError::NoImage {
+                topic: "/image_raw".into()
+            }
+        );
+        assert_eq!(e.code(), "no_image");
+        c.record("/image_raw/compressed", Ok(frame(9)), Stamp::default(), t0)
+            .unwrap();
+        // Relative name resolves to the absolute topic.
+        let got = c
+            .select(Some("image_raw/compressed"), Some(S(2)), t0 + S(2))
+            .unwrap();
+        assert_eq!(got.frame.data(), &[9, 9]);
+        let e = c
+            .select(Some("/image_raw/compressed"), Some(S(2)), t0 + S(3))
+            .unwrap_err();
+        assert_eq!(e.code(), "stale_image");
+        assert_eq!(
+            e,
+            SelectError::StaleImage {
+                topic: "/image_raw/compressed".into(),
+                age: S(3),
+                max_age: S(2)
+            }
+        );
+        // No limit: any age.
+        assert!(c
+            .select(Some("/image_raw/compressed"), None, t0 + S(3600))
+            .is_ok());
+        let empty = CameraCache::new(
+            CacheConfig {
+                topics: vec![],
+                default_camera: None,
+                warn_interval: S(1),
+            },
+            t0,
+        )
+        .unwrap();
+        assert_eq!(
+            empty.select(None, None, t0).unwrap_err(),
+            SelectError::NoCamera
+        );
+    }
+
+    #[test]
+    fn config_checks_and_default_camera() {
+        let t0 = Instant::now();
+        let cfg = |topics: &[&str], default: Option<&str>| CacheConfig {
+            topics: topics.iter().map(|s| s.to_string()).collect(),
+            default_camera: default.map(str::to_owned),
+            warn_interval: S(1),
+        };
+        let c = CameraCache::new(cfg(&["/a", "/b"], Some("b")), t0).unwrap();
+        assert_eq!(c.default_camera(), Some("/b"));
+        let c = CameraCache::new(cfg(&["/a", "/b"], Some("")), t0).unwrap();
+        assert_eq!(c.default_camera(), Some("/a"));
+        assert_eq!(
+            CameraCache::new(cfg(&["/a", "/a"], None), t0).unwrap_err(),
+            CacheConfigError::DuplicateTopic { topic: "/a".into() }
+        );
+        assert_eq!(
+            CameraCache::new(cfg(&["/a"], Some("/c")), t0).unwrap_err(),
+            CacheConfigError::UnknownDefault { name: "/c".into() }
+        );
+        assert_eq!(
+            CameraCache::new(cfg(&[""], None), t0).unwrap_err(),
+            CacheConfigError::EmptyTopic
+        );
+    }
+
+    #[test]
+    fn max_age_parameter() {
+        assert_eq!(max_age_from_secs(0.0), Ok(None));
+        assert_eq!(
+            max_age_from_secs(1.5),
+            Ok(Some(Duration::from_millis(1500)))
+        );
+        assert!(max_age_from_secs(-1.0).is_err());
+        assert!(max_age_from_secs(f64::NAN).is_err());
+        assert!(max_age_from_secs(f64::INFINITY).is_err());
+    }
+
+    #[test]
+    fn silence_detection() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        c.record("/image_raw", Err(bad()), Stamp::default(), t0 + S(4))
+            .unwrap();
+        // Rejected frames count as arrivals: the camera is talking, just badly.
+        let silent = c.silent_topics(t0 + S(5), S(3));
+        assert_eq!(silent.len(), 1);
+        assert_eq!(
+            (&*silent[0].0, silent[0].1),
+            ("/image_raw/compressed", S(5))
+        );
+        assert_eq!(c.stats("/image_raw").unwrap().silent_for(t0 + S(5)), S(1));
+    }
+
+    #[test]
+    fn concurrent_writers_and_readers() {
+        let t0 = Instant::now();
+        let c = Arc::new(cache(t0));
+        std::thread::scope(|s| {
+            for (i, topic) in ["/image_raw", "/image_raw/compressed"]
+                .into_iter()
+                .enumerate()
+            {
+                let c = &c;
+                s.spawn(move || {
+                    for n in 0..500u32 {
+                        let outcome = if n % 5 == 4 {
+                            Err(bad())
+                        } else {
+                            Ok(frame(i as u8))
+                        };
+                        c.record(topic, outcome, Stamp::default(), t0).unwrap();
+                    }
+                });
+            }
+            let c = &c;
+            s.spawn(move || {
+                for _ in 0..500 {
+                    if let Ok(f) = c.select(None, None, t0) {
+                        assert_eq!(f.frame.data(), &[0, 0]);
+                    }
+                }
+            });
+        });
+        for topic in ["/image_raw", "/image_raw/compressed"] {
+            let st = c.stats(topic).unwrap();
+            assert_eq!((st.accepted, st.rejected), (400, 100));
+            assert_eq!(c.latest(topic).unwrap().seq, 400);
+        }
+    }
+}
