@@ -1,0 +1,193 @@
+//! Graph checks against the package contract (§3.1 decode I/O, §4.1–§4.2 prefill I/O): the
+//! window `CL` and mask planes come from the mask, `H` from input 0, `ROT` from input 1,
+//! `vocab` from output 0, caches by index with identical input/output layouts.
+
+use hbdnn::{DType, Graph, TensorSpec};
+
+/// Number of fixed inputs before the caches (x, cos, sin, mask).
+pub const FIXED_IN: usize = 4;
+
+/// What the decode graph says about the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecodeShape {
+    pub hidden: usize,
+    pub rot: usize,
+    pub context: usize,
+    pub mask_heads: usize,
+    pub vocab: usize,
+    pub logits: DType,
+    pub n_cache: usize,
+}
+
+fn dims(s: &TensorSpec) -> String {
+    format!("{:?} {:?}", s.shape, s.dtype)
+}
+
+/// Checks the decode graph; `Err` carries the reason (the caller names the file).
+pub fn check_decode(g: &Graph) -> Result<DecodeShape, String> {
+    let (ins, outs) = (g.inputs(), g.outputs());
+    if ins.len() < FIXED_IN + 1 {
+        return Err(format!(
+            "graph `{}` has {} inputs; the contract needs 4 fixed inputs and at least one cache",
+            g.name(),
+            ins.len()
+        ));
+    }
+    if let Some(s) = ins.iter().chain(outs).find(|s| s.rank() == 0) {
+        return Err(format!(
+            "graph `{}` has a scalar tensor {}",
+            g.name(),
+            dims(s)
+        ));
+    }
+    let n_cache = ins.len() - FIXED_IN;
+    if outs.len() != 1 + n_cache {
+        return Err(format!(
+            "graph `{}`: output count {} != 1 + nCache ({})",
+            g.name(),
+            outs.len(),
+            1 + n_cache
+        ));
+    }
+    let mask = &ins[3];
+    if mask.rank() != 2 || mask.dtype != DType::F32 {
+        return Err(format!(
+            "decode mask (input 3) must be 2-D [nHead, CL] f32, found {}",
+            dims(mask)
+        ));
+    }
+    let (mask_heads, context) = (mask.shape[0], mask.shape[1]);
+    let hidden = ins[0].last_dim();
+    let rot = ins[1].last_dim();
+    if hidden == 0 || rot == 0 || rot % 2 != 0 || context == 0 || mask_heads == 0 {
+        return Err(format!(
+            "decode graph sizes unusable: hidden {hidden}, rot {rot}, mask {}",
+            dims(mask)
+        ));
+    }
+    for (i, what) in [(0, "x"), (1, "cos"), (2, "sin")] {
+        let s = &ins[i];
+        if s.rows() != 1 || s.dtype != DType::F32 {
+            return Err(format!(
+                "decode input {i} ({what}) must be one f32 row, found {}",
+                dims(s)
+            ));
+        }
+    }
+    if ins[2].last_dim() != rot {
+        return Err(format!(
+            "decode sin (input 2) {} differs from cos (input 1) {}",
+            dims(&ins[2]),
+            dims(&ins[1])
+        ));
+    }
+    let out = &outs[0];
+    if !matches!(out.dtype, DType::F32 | DType::S16) || out.last_dim() == 0 {
+        return Err(format!(
+            "decode logits (output 0) must be F32 or S16 [.., vocab], found {}",
+            dims(out)
+        ));
+    }
+    for c in 0..n_cache {
+        let (i, o) = (&ins[FIXED_IN + c], &outs[1 + c]);
+        if i.byte_size != o.byte_size || i.strides != o.strides {
+            return Err(format!(
+                "cache {c}: input {} ({} bytes) and output {} ({} bytes) layouts differ",
+                FIXED_IN + c,
+                i.byte_size,
+                1 + c,
+                o.byte_size
+            ));
+        }
+    }
+    Ok(DecodeShape {
+        hidden,
+        rot,
+        context,
+        mask_heads,
+        vocab: out.last_dim(),
+        logits: out.dtype,
+        n_cache,
+    })
+}
+
+/// Checks a prefill graph against the decode graph (§4.1); `Ok(N)` = rows per chunk.
+pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, String> {
+    let (ins, outs) = (p.inputs(), p.outputs());
+    if ins.len() != dec.inputs().len() || outs.len() != dec.outputs().len() {
+        return Err(format!(
+            "{} inputs / {} outputs, decode has {} / {}",
+            ins.len(),
+            outs.len(),
+            dec.inputs().len(),
+            dec.outputs().len()
+        ));
+    }
+    if let Some(s) = ins.iter().chain(outs).find(|s| s.rank() == 0) {
+        return Err(format!("scalar tensor {}", dims(s)));
+    }
+    let x = &ins[0];
+    if x.rank() < 2 || x.last_dim() != d.hidden {
+        return Err(format!("input 0 {} is not [N, {}]", dims(x), d.hidden));
+    }
+    let n = x.shape[x.rank() - 2];
+    if n < 2 {
+        return Err(format!("input 0 {} has N = {n} < 2", dims(x)));
+    }
+    for (i, what) in [(1, "cos"), (2, "sin")] {
+        let s = &ins[i];
+        if s.rows() != n || s.last_dim() != d.rot || s.dtype != DType::F32 {
+            return Err(format!(
+                "input {i} ({what}) {} is not [{n}, {}] f32",
+                dims(s),
+                d.rot
+            ));
+        }
+    }
+    let mask = &ins[3];
+    if mask.shape != [d.mask_heads, n, d.context] || mask.dtype != DType::F32 {
+        return Err(format!(
+            "mask (input 3) {} is not [{}, {n}, {}] f32",
+            dims(mask),
+            d.mask_heads,
+            d.context
+        ));
+    }
+    for c in 0..d.n_cache {
+        let (pi, di) = (&ins[FIXED_IN + c], &dec.inputs()[FIXED_IN + c]);
+        let po = &outs[1 + c];
+        if pi.byte_size != di.byte_size || pi.strides != di.strides || po.byte_size != di.byte_size
+        {
+            return Err(format!(
+                "cache {c}: {} bytes, decode's is {} bytes",
+                pi.byte_size, di.byte_size
+            ));
+        }
+    }
+    let out = &outs[0];
+    let dout = &dec.outputs()[0];
+    // bllm copies `row_stride` bytes into the decode buffer; we copy only the row's values,
+    // so an all-rows graph with a padded pitch (wider than the decode buffer) still fits.
+    let row_bytes = d.vocab * out.dtype.size().unwrap_or(4);
+    if out.dtype != dout.dtype
+        || out.last_dim() != d.vocab
+        || out.rank() < 2
+        || out.row_stride() == 0
+        || out.row_stride() < row_bytes
+        || row_bytes > dout.byte_size
+    {
+        return Err(format!(
+            "logits (output 0) {} do not match decode's {}",
+            dims(out),
+            dims(dout)
+        ));
+    }
+    Ok(n)
+}
+
+/// `Some(bytes per window row)` for a window-indexed K/V cache (`dim[0] == CL` and
+/// `stride0 · CL == byte size`), `None` for caches saved whole.
+pub fn window_row_bytes(spec: &TensorSpec, context: usize) -> Option<usize> {
+    (spec.rank() >= 2 && spec.shape[0] == context && spec.strides[0] * context == spec.byte_size)
+        .then_some(spec.strides[0])
+}

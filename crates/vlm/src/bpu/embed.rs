@@ -1,0 +1,71 @@
+//! `embed_tokens.bin`: the fp16 `[vocab, hidden]` embedding table, read row by row with
+//! positional reads (the page cache does the mapping; no `unsafe` memory map is needed).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::engine::EngineError;
+
+use super::BpuError;
+
+/// The package's fp16 embedding table.
+#[derive(Debug)]
+pub struct EmbedTable {
+    file: File,
+    path: PathBuf,
+    vocab: usize,
+    hidden: usize,
+}
+
+impl EmbedTable {
+    /// Opens the table and checks its size against `vocab × hidden × 2` bytes.
+    pub fn open(path: &Path, vocab: usize, hidden: usize) -> Result<Self, BpuError> {
+        let err = |reason: String| BpuError::Embed {
+            path: path.to_owned(),
+            reason,
+        };
+        let file = File::open(path).map_err(|e| err(format!("cannot open: {e}")))?;
+        let len = file
+            .metadata()
+            .map_err(|e| err(format!("cannot stat: {e}")))?
+            .len();
+        let want = (vocab * hidden * 2) as u64;
+        if len != want {
+            return Err(err(format!(
+                "size mismatch: {len} bytes, the graphs need vocab {vocab} × hidden {hidden} × 2 = {want}"
+            )));
+        }
+        Ok(Self {
+            file,
+            path: path.to_owned(),
+            vocab,
+            hidden,
+        })
+    }
+
+    /// Appends the f32 rows of `ids` to `out`.
+    pub fn rows(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        let mut raw = vec![0u8; self.hidden * 2];
+        out.reserve(ids.len() * self.hidden);
+        for &id in ids {
+            if id as usize >= self.vocab {
+                return Err(EngineError::TokenId {
+                    id,
+                    vocab: self.vocab,
+                });
+            }
+            let at = id as u64 * raw.len() as u64;
+            self.file
+                .read_exact_at(&mut raw, at)
+                .map_err(|e| EngineError::Config {
+                    reason: format!("{}: read of row {id} failed: {e}", self.path.display()),
+                })?;
+            out.extend(
+                raw.chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            );
+        }
+        Ok(())
+    }
+}

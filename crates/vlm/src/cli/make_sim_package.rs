@@ -1,0 +1,122 @@
+//! `vlm make-sim-package --hf <DIR> --out <DIR> [--cache-len N] [--prefill-chunk N] ...`:
+//! an HF Qwen3.5 checkpoint → a package with the published layout whose `.hbm` files are
+//! simulator containers (`bpu_sim::package`). Flag names and defaults are pinned by issue 4.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use bpu_sim::package::{make_sim_package, PackageOptions, PrefillIn};
+use bpu_sim::LogitsType;
+use clap::{Args, ValueEnum};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PrefillInArg {
+    Model,
+    Separate,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PrefillLogitsArg {
+    Last,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogitsArg {
+    F32,
+    S16,
+}
+
+#[derive(Debug, Args)]
+pub struct MakeSimPackageArgs {
+    /// HF checkpoint directory (config.json, model*.safetensors, tokenizer.json).
+    #[arg(long, value_name = "DIR")]
+    pub hf: Option<PathBuf>,
+    /// Output package directory (created).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// A config.json to use instead of the checkpoint's (with --no-weights: real shapes only).
+    #[arg(long, value_name = "CONFIG_JSON")]
+    pub config: Option<PathBuf>,
+    /// Write graphs without weights: runnable only with the simulator's timing model.
+    #[arg(long)]
+    pub no_weights: bool,
+    /// tokenizer.json to copy (default: the checkpoint's).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// K/V window of the graphs (the package's context length).
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub cache_len: usize,
+    /// Rows per prefill chunk.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub prefill_chunk: usize,
+    /// Which file carries `qwen35_prefill`.
+    #[arg(long, value_enum, default_value = "separate")]
+    pub prefill_in: PrefillInArg,
+    /// Leading dim of the attention mask: `1` or `H` (the attention head count).
+    #[arg(long, value_name = "1|H", default_value = "H")]
+    pub mask_heads: String,
+    /// Prefill logits: the last row only, or every row (older graphs).
+    #[arg(long, value_enum, default_value = "last")]
+    pub prefill_logits: PrefillLogitsArg,
+    /// Logits tensor type of the text graphs.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub logits: LogitsArg,
+    /// The prefill graph accepts a padded tail (inferred protocol, contract §4.4).
+    #[arg(long)]
+    pub prefill_pads: bool,
+    /// `prefill_min_tail` written with --prefill-pads.
+    #[arg(long, value_name = "N")]
+    pub prefill_min_tail: Option<usize>,
+}
+
+pub fn run(args: &MakeSimPackageArgs) -> anyhow::Result<()> {
+    let hf = match (&args.hf, &args.config) {
+        (Some(hf), _) => hf.clone(),
+        // --config alone: shapes from that file; the folder only supplies the tokenizer.
+        (None, Some(cfg)) if args.no_weights => cfg
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(".")),
+        _ => bail!("--hf <DIR> is required (or --config <FILE> --no-weights)"),
+    };
+    let mask_heads_one = match args.mask_heads.as_str() {
+        "1" => true,
+        "H" | "h" => false,
+        other => bail!("--mask-heads takes 1 or H, not {other:?}"),
+    };
+    let mut o = PackageOptions::new(&hf, &args.out);
+    o.config = args.config.clone();
+    o.no_weights = args.no_weights;
+    o.tokenizer = args.tokenizer.clone();
+    o.cache_len = args.cache_len;
+    o.prefill_chunk = args.prefill_chunk;
+    o.prefill_in = match args.prefill_in {
+        PrefillInArg::Model => PrefillIn::Model,
+        PrefillInArg::Separate => PrefillIn::Separate,
+        PrefillInArg::Both => PrefillIn::Both,
+        PrefillInArg::None => PrefillIn::None,
+    };
+    o.mask_heads_one = mask_heads_one;
+    o.prefill_logits_all = matches!(args.prefill_logits, PrefillLogitsArg::All);
+    o.logits = match args.logits {
+        LogitsArg::F32 => LogitsType::F32,
+        LogitsArg::S16 => LogitsType::S16,
+    };
+    o.prefill_pads = args.prefill_pads;
+    o.prefill_min_tail = args.prefill_min_tail;
+    let summary = make_sim_package(&o)
+        .with_context(|| format!("writing sim package {}", args.out.display()))?;
+    tracing::info!(
+        vocab = summary.vocab,
+        hidden = summary.hidden,
+        vision = summary.vision,
+        "sim package written"
+    );
+    for f in &summary.files {
+        println!("{}", f.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,32 @@
+//! Argument structure of the `vlm` binary (clap derive), one module per subcommand.
+
+mod generate;
+mod make_sim_package;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "vlm",
+    version,
+    about = "Qwen3.5 VLM runtime: BPU packages or HF weights on the CPU"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Greedy generation from token ids (and images for the image slots of the prompt).
+    Generate(generate::GenerateArgs),
+    /// Turn an HF Qwen3.5 checkpoint into a package whose graphs run on the BPU simulator.
+    MakeSimPackage(make_sim_package::MakeSimPackageArgs),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Generate(args) => generate::run(&args),
+        Command::MakeSimPackage(args) => make_sim_package::run(&args),
+    }
+}

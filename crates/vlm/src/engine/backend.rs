@@ -1,0 +1,133 @@
+//! The seam between the runtime and compute, shaped like the package contract (§3–§5) so the
+//! BPU backend maps onto it 1:1: embedding rows in, logits of the last row out, a right-aligned
+//! window of `CL` slots with `P` (slots consumed) and `maxPos` (highest rope coordinate) kept
+//! by the backend, N-row prefill chunks and one-row steps, whole-state snapshots.
+
+use crate::chat::Pos3;
+use crate::vision::{Geometry, PixelValues};
+
+use super::error::EngineError;
+use super::state::StateBlob;
+
+/// What the scheduler needs to know about a backend (from the graphs on the BPU, from the
+/// config on the CPU).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackendInfo {
+    /// Text hidden size `H` (last dim of decode input 0).
+    pub hidden: usize,
+    /// Vocabulary size (last dim of decode output 0).
+    pub vocab: usize,
+    /// Window capacity `CL` in rows (from the mask shape on the BPU).
+    pub context: usize,
+    /// Rows per prefill chunk `N`; 0 = no prefill graph, every row is stepped.
+    pub prefill_chunk: usize,
+    /// Leading dim of the mask (1, or the attention head count); every plane gets the same row.
+    pub mask_heads: usize,
+    /// The vision tower's input geometry and normalisation; `None` = text only.
+    pub vision: Option<VisionSpec>,
+}
+
+/// Vision tower input: bucket geometry plus per-channel normalisation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VisionSpec {
+    pub geometry: Geometry,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+/// Compute for one model and one decode state (a conversation).
+///
+/// Required methods are the graph-level operations; the ingest loop ([`Backend::step`],
+/// [`Backend::step_interruptible`]) is provided so every backend chunks and checks the window
+/// identically: `N`-row chunks while at least `N` rows remain, the tail one row at a time, and
+/// an input that does not fit the free slots is refused with
+/// [`EngineError::ContextOverflow`] before anything runs (never silent eviction).
+pub trait Backend {
+    fn info(&self) -> &BackendInfo;
+
+    /// Appends the embedding rows `[ids.len(), hidden]` of `ids` to `out`.
+    fn embed(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError>;
+
+    /// Runs the vision tower on one preprocessed image (`[n_patch, row_len]` of
+    /// [`VisionSpec::geometry`]) and returns its rows `[n_tokens, hidden]`.
+    fn encode_image(&mut self, pixels: &PixelValues) -> Result<Vec<f32>, EngineError>;
+
+    /// Runs `n` rows `[n, hidden]` at `positions` through the decoder, where `n` is 1 (the
+    /// decode graph) or exactly [`BackendInfo::prefill_chunk`] (the prefill graph), and
+    /// `n <= context_left()`. Advances `P` by `n` and `maxPos` to the largest coordinate fed;
+    /// the last row's logits become [`Backend::last_logits`].
+    fn run_rows(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<(), EngineError>;
+
+    /// `P`: window slots consumed.
+    fn consumed(&self) -> usize;
+
+    /// `maxPos`: the largest rope coordinate fed so far (`None` for an empty state).
+    fn max_pos(&self) -> Option<u32>;
+
+    /// Logits `[vocab]` of the last row fed (`None` for an empty state).
+    fn last_logits(&self) -> Option<&[f32]>;
+
+    /// Empties the state (caches zeroed, `P` = 0, no `maxPos`, no logits).
+    fn reset(&mut self) -> Result<(), EngineError>;
+
+    /// The whole decode state (caches, `P`, `maxPos`, last logits) in the contract's format.
+    fn snapshot(&mut self) -> Result<StateBlob, EngineError>;
+
+    /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
+    fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
+
+    /// Free window slots, `CL - P`.
+    fn context_left(&self) -> usize {
+        self.info().context.saturating_sub(self.consumed())
+    }
+
+    /// Rope position of the next text token (`maxPos + 1`, 0 for an empty state).
+    fn next_position(&self) -> u32 {
+        self.max_pos().map_or(0, |m| m + 1)
+    }
+
+    /// Feeds rows with their positions (the contract's `feed_embeds`) and returns the logits
+    /// of the last row.
+    fn step(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<&[f32], EngineError> {
+        self.step_interruptible(rows, positions, &mut || false)?;
+        self.last_logits().ok_or(EngineError::NoLogits)
+    }
+
+    /// [`Backend::step`] that asks `interrupt` before each graph run and stops early when it
+    /// returns true (`Ok(false)`; the rows fed so far stay in the state). `Ok(true)` = all fed.
+    fn step_interruptible(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        let h = self.info().hidden;
+        let n = positions.len();
+        if n == 0 || rows.len() != n * h {
+            return Err(EngineError::Shape {
+                what: "rows [n, hidden] for n positions",
+                expected: n.max(1) * h,
+                found: rows.len(),
+            });
+        }
+        let left = self.context_left();
+        if n > left {
+            return Err(EngineError::ContextOverflow { needed: n, left });
+        }
+        let chunk = self.info().prefill_chunk;
+        let mut i = 0;
+        while i < n {
+            if interrupt() {
+                return Ok(false);
+            }
+            let take = if chunk >= 2 && n - i >= chunk {
+                chunk
+            } else {
+                1
+            };
+            self.run_rows(&rows[i * h..(i + take) * h], &positions[i..i + take])?;
+            i += take;
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,303 @@
+//! The generation driver: a rendered turn ([`Prompt`]) → embedding rows with image rows
+//! spliced in at their M-RoPE positions → [`Backend::step_interruptible`] (chunked) → the
+//! decode loop (logits → [`Sampler`] → [`TokenStream`] → events) until eos / stop string /
+//! max new tokens, the window end (`length`), cancel or deadline.
+
+use std::sync::Arc;
+
+use tokenizers::Tokenizer;
+
+use crate::chat::{ImageSlot, Pos3, Prompt, Segment};
+use crate::sampler::Sampler;
+use crate::stream::{Action, Completion, Event, FinishReason, StreamConfig, TokenStream};
+use crate::vision::{preprocess, PixelValues, RgbImage};
+
+use super::backend::Backend;
+use super::error::EngineError;
+
+/// One image of a turn, in the order of the prompt's image slots.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageInput {
+    /// Any RGB8 frame; resized to the tower's bucket (Pillow bicubic) and patchified.
+    Rgb(RgbImage),
+    /// Already preprocessed tower input `[n_patch, row_len]` of the backend's bucket.
+    Pixels(PixelValues),
+}
+
+/// Result of [`Engine::generate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
+    pub completion: Completion,
+    /// Raw logits that chose each sampled token (eos and a stop token included), when
+    /// [`DecodeOptions::keep_logits`] was set; empty otherwise.
+    pub step_logits: Vec<Vec<f32>>,
+}
+
+/// Per-request knobs of the decode loop beyond sampling and streaming.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Keep each step's logits (`generate --json`, tests); costs `vocab × 4` bytes per token.
+    pub keep_logits: bool,
+}
+
+/// Builds a [`Prompt`] from raw token ids in the HF form, where each maximal run of `pad`
+/// (`<|image_pad|>`) is one square image of `side × side` merged rows (`generate --hf` /
+/// `--package`).
+pub fn prompt_from_ids(ids: &[u32], pad: u32, side: u32) -> Result<Prompt, EngineError> {
+    let mut segments = Vec::new();
+    let mut text = Vec::new();
+    let mut i = 0;
+    let mut index = 0;
+    let slot = ImageSlot::square(side);
+    while i < ids.len() {
+        if ids[i] != pad {
+            text.push(ids[i]);
+            i += 1;
+            continue;
+        }
+        let run = ids[i..].iter().take_while(|&&x| x == pad).count();
+        if run != slot.rows() {
+            return Err(EngineError::Image {
+                index,
+                reason: format!(
+                    "slot at token {i} has {run} pad tokens, the bucket gives {}",
+                    slot.rows()
+                ),
+            });
+        }
+        if !text.is_empty() {
+            segments.push(Segment::Tokens(std::mem::take(&mut text)));
+        }
+        segments.push(Segment::Image { index, slot });
+        index += 1;
+        i += run;
+    }
+    if !text.is_empty() {
+        segments.push(Segment::Tokens(text));
+    }
+    Ok(Prompt {
+        segments,
+        starts_in_think: false,
+    })
+}
+
+/// The runtime over one backend: owns the decode state of one conversation at a time.
+pub struct Engine<B: Backend> {
+    backend: B,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl<B: Backend> std::fmt::Debug for Engine<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("info", self.backend.info())
+            .field("consumed", &self.backend.consumed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    pub fn new(backend: B, tokenizer: Arc<Tokenizer>) -> Self {
+        Self { backend, tokenizer }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// Direct access (reset, snapshot, restore, teacher forcing).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    pub fn into_backend(self) -> B {
+        self.backend
+    }
+
+    /// Embedding rows and positions of a turn, images encoded and spliced; positions start
+    /// at the backend's next text position. Fails with `ContextOverflow` before running the
+    /// tower when the turn cannot fit.
+    pub fn turn_rows(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+    ) -> Result<(Vec<f32>, Vec<Pos3>), EngineError> {
+        let needed = prompt.rows();
+        let left = self.backend.context_left();
+        if needed > left {
+            return Err(EngineError::ContextOverflow { needed, left });
+        }
+        let slots = prompt
+            .segments
+            .iter()
+            .filter(|s| matches!(s, Segment::Image { .. }))
+            .count();
+        if slots != images.len() {
+            return Err(EngineError::Image {
+                index: slots.min(images.len()),
+                reason: format!(
+                    "the prompt has {slots} image slots but {} images were given",
+                    images.len()
+                ),
+            });
+        }
+        let h = self.backend.info().hidden;
+        let mut rows = Vec::with_capacity(needed * h);
+        for seg in &prompt.segments {
+            match seg {
+                Segment::Tokens(ids) => self.backend.embed(ids, &mut rows)?,
+                Segment::Image { index, slot } => {
+                    let img = images.get(*index).ok_or_else(|| EngineError::Image {
+                        index: *index,
+                        reason: "no image for this slot".into(),
+                    })?;
+                    let encoded = self.encode(*index, *slot, img)?;
+                    rows.extend_from_slice(&encoded);
+                }
+            }
+        }
+        let (positions, _) = prompt.positions(self.backend.next_position());
+        Ok((rows, positions))
+    }
+
+    fn encode(
+        &mut self,
+        index: usize,
+        slot: ImageSlot,
+        img: &ImageInput,
+    ) -> Result<Vec<f32>, EngineError> {
+        let spec = self.backend.info().vision.ok_or(EngineError::NoVision)?;
+        let g = spec.geometry;
+        if slot.grid_h as usize != g.merged_side() || slot.grid_w as usize != g.merged_side() {
+            return Err(EngineError::Image {
+                index,
+                reason: format!(
+                    "slot grid {}x{} but the tower's {} px bucket gives {}x{}",
+                    slot.grid_h,
+                    slot.grid_w,
+                    g.side,
+                    g.merged_side(),
+                    g.merged_side()
+                ),
+            });
+        }
+        let _span = tracing::debug_span!("encode_image", index).entered();
+        let rows = match img {
+            ImageInput::Rgb(rgb) => {
+                let pv = preprocess(rgb, &g, spec.mean, spec.std)?;
+                self.backend.encode_image(&pv)?
+            }
+            ImageInput::Pixels(pv) => self.backend.encode_image(pv)?,
+        };
+        let want = slot.rows() * self.backend.info().hidden;
+        if rows.len() != want {
+            return Err(EngineError::Shape {
+                what: "vision tower rows [n_tokens, hidden]",
+                expected: want,
+                found: rows.len(),
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Feeds a turn (prefill only, e.g. a system prefix or a replayed turn). Returns false
+    /// when `interrupt` stopped it between graph runs.
+    pub fn prefill(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        let (rows, positions) = self.turn_rows(prompt, images)?;
+        if positions.is_empty() {
+            return Ok(true);
+        }
+        let _span = tracing::debug_span!("prefill", rows = positions.len()).entered();
+        self.backend
+            .step_interruptible(&rows, &positions, interrupt)
+    }
+
+    /// Answers a turn: prefill, then [`Engine::decode`]. `stream.prompt_tokens` is set to
+    /// the turn's rows.
+    pub fn generate(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        sampler: &mut Sampler,
+        mut stream: StreamConfig,
+        opts: DecodeOptions,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        stream.prompt_tokens = prompt.rows();
+        let ts = TokenStream::new(self.tokenizer.clone(), stream);
+        let done = self.prefill(prompt, images, &mut || ts.interrupted().is_some())?;
+        if !done {
+            let reason = ts.interrupted().unwrap_or(FinishReason::Cancelled);
+            let completion = ts.finish(reason, on_event)?;
+            return Ok(Generation {
+                completion,
+                step_logits: Vec::new(),
+            });
+        }
+        self.decode_stream(ts, sampler, opts, on_event)
+    }
+
+    /// The decode loop from the state's last logits (after a prefill or a restore).
+    pub fn decode(
+        &mut self,
+        sampler: &mut Sampler,
+        stream: StreamConfig,
+        opts: DecodeOptions,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let ts = TokenStream::new(self.tokenizer.clone(), stream);
+        self.decode_stream(ts, sampler, opts, on_event)
+    }
+
+    fn decode_stream(
+        &mut self,
+        mut ts: TokenStream,
+        sampler: &mut Sampler,
+        opts: DecodeOptions,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let mut step_logits = Vec::new();
+        let mut row = Vec::with_capacity(self.backend.info().hidden);
+        let reason = loop {
+            if let Some(r) = ts.interrupted() {
+                break r;
+            }
+            let logits = self.backend.last_logits().ok_or(EngineError::NoLogits)?;
+            let tok = sampler.sample(logits)?;
+            if opts.keep_logits {
+                step_logits.push(logits.to_vec());
+            }
+            match ts.push(tok, on_event)? {
+                Action::Finish(r) => break r,
+                Action::Feed => {}
+            }
+            if self.backend.context_left() == 0 {
+                break FinishReason::Length;
+            }
+            sampler.accept(tok);
+            row.clear();
+            self.backend.embed(&[tok], &mut row)?;
+            let pos = Pos3::text(self.backend.next_position());
+            self.backend.step(&row, &[pos])?;
+        };
+        let completion = ts.finish(reason, on_event)?;
+        tracing::debug!(
+            tokens = completion.tokens.len(),
+            finish = %completion.finish_reason,
+            "generation done"
+        );
+        Ok(Generation {
+            completion,
+            step_logits,
+        })
+    }
+}

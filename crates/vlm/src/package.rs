@@ -1,0 +1,805 @@
+//! The BLLM package manifest (`model.json`) with the contract's keys, types and defaults.
+//!
+//! Every known key is read with its own default, so unknown keys (newer bllm versions) are
+//! ignored, while a known key of the wrong type is an error naming the file and the key —
+//! the C++ loader would throw a JSON type error there, and silently taking a default for,
+//! say, a string `"cache_len"` would hide a broken package.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+/// File name of the manifest inside a package folder.
+pub const MANIFEST: &str = "model.json";
+
+/// CLIP normalisation constants, the contract's default for `vision.mean` / `vision.std`.
+pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+/// See [`CLIP_MEAN`].
+pub const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
+
+/// Errors while reading or checking a package.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: invalid JSON: {source}", path.display())]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: the top level must be a JSON object", path.display())]
+    NotAnObject { path: PathBuf },
+    #[error("{}: key `{key}` must be {expected}, found {found}", path.display())]
+    WrongType {
+        path: PathBuf,
+        key: String,
+        expected: &'static str,
+        found: String,
+    },
+    #[error("{}: key `{key}`: {reason}", path.display())]
+    BadValue {
+        path: PathBuf,
+        key: String,
+        reason: String,
+    },
+    #[error("{}: required key `{key}` is missing", path.display())]
+    MissingKey { path: PathBuf, key: &'static str },
+    #[error("{}: missing file(s): {}", manifest.display(), list_missing(.files))]
+    MissingFiles {
+        manifest: PathBuf,
+        /// `(manifest key, resolved path)` of every file that does not exist.
+        files: Vec<(String, PathBuf)>,
+    },
+}
+
+fn list_missing(files: &[(String, PathBuf)]) -> String {
+    files
+        .iter()
+        .map(|(k, p)| format!("{} (`{k}`)", p.display()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Chat marker format (`chat.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatFormat {
+    ChatMl,
+    Phi,
+    None,
+}
+
+/// Chat-template family (`dialect`, bllm 0.8.0). Absent means plain ChatML.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dialect {
+    /// Plain ChatML as bllm ≤ 0.5 renders it: thinking-on appends nothing.
+    ChatMl,
+    /// `"qwen3.5"`: the official template's opener, `<think>` split, XML tool calls.
+    Qwen35,
+    /// A value this runtime does not know; rendered as plain ChatML.
+    Other(String),
+}
+
+/// `chat` object of the manifest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatConfig {
+    pub format: ChatFormat,
+    /// Marker ids; `-1` in the file (the default) becomes `None` = look up by name.
+    pub im_start: Option<u32>,
+    pub im_end: Option<u32>,
+    pub bos: Option<u32>,
+    /// System prompt of the first turn.
+    pub system: String,
+}
+
+/// `vision` object of the manifest (tower geometry and normalisation).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VisionConfig {
+    pub patch: u32,
+    pub merge: u32,
+    pub temporal: u32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+/// A parsed `model.json`, paths resolved against the package folder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// The manifest file itself (for messages).
+    pub manifest: PathBuf,
+    /// The package folder.
+    pub dir: PathBuf,
+    pub name: String,
+    pub backend: String,
+    pub arch: String,
+    /// Decode graph name (default `qwen35`); the prefill graph is `<graph>_prefill`.
+    pub graph: String,
+    pub hbm: PathBuf,
+    /// `hbm_prefill` as declared (resolved); the file may be absent, which is not an error.
+    pub hbm_prefill: Option<PathBuf>,
+    pub tokenizer: PathBuf,
+    pub embed: Option<PathBuf>,
+    /// Vision tower; `None` for text-only packages and when loaded with `vision: false`.
+    pub visual: Option<PathBuf>,
+    pub eos: Vec<u32>,
+    /// Informational only: the runtime takes the window from the graph's mask.
+    pub cache_len: u32,
+    pub bpu_cores: u32,
+    pub rope_theta: f64,
+    /// Empty, or exactly three entries.
+    pub mrope_section: Vec<u32>,
+    pub mrope_interleaved: bool,
+    pub vision: VisionConfig,
+    pub chat: ChatConfig,
+    /// bllm 0.8.0: the prefill graph accepts a padded tail.
+    pub prefill_pads: bool,
+    /// bllm 0.8.0: tails shorter than this are stepped; `None` = the chunk size (always step).
+    pub prefill_min_tail: Option<u32>,
+    pub dialect: Dialect,
+    /// Image placeholder id for `generate`; `None` = the tokenizer's `<|image_pad|>`.
+    pub image_token_id: Option<u32>,
+}
+
+/// How to load a package.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// `false`: drop `visual` from the configuration; its file is never checked or opened.
+    pub vision: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self { vision: true }
+    }
+}
+
+impl ModelConfig {
+    /// Reads `<dir>/model.json` and checks that every file it names exists.
+    pub fn load(dir: &Path, opts: LoadOptions) -> Result<Self, PackageError> {
+        let cfg = Self::read(dir, opts)?;
+        cfg.check_files()?;
+        Ok(cfg)
+    }
+
+    /// Reads and validates `<dir>/model.json` without touching the files it names.
+    pub fn read(dir: &Path, opts: LoadOptions) -> Result<Self, PackageError> {
+        let manifest = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&manifest).map_err(|source| PackageError::Read {
+            path: manifest.clone(),
+            source,
+        })?;
+        Self::parse(&text, dir, &manifest, opts)
+    }
+
+    /// Parses manifest text; `dir` resolves relative paths, `manifest` names the file in errors.
+    pub fn parse(
+        text: &str,
+        dir: &Path,
+        manifest: &Path,
+        opts: LoadOptions,
+    ) -> Result<Self, PackageError> {
+        let value: Value = serde_json::from_str(text).map_err(|source| PackageError::Json {
+            path: manifest.to_path_buf(),
+            source,
+        })?;
+        let Value::Object(root) = value else {
+            return Err(PackageError::NotAnObject {
+                path: manifest.to_path_buf(),
+            });
+        };
+        let r = Reader {
+            file: manifest,
+            dir,
+        };
+        let empty = Map::new();
+
+        let name = r.string(&root, "", "name")?.unwrap_or_default();
+        let backend = r
+            .string(&root, "", "backend")?
+            .unwrap_or_else(|| "auto".into());
+        if backend == "libxlm" {
+            return Err(r.bad(
+                "backend",
+                "\"libxlm\" packages need D-Robotics' LLM SDK, which this runtime does not use",
+            ));
+        }
+        let arch = r
+            .string(&root, "", "arch")?
+            .unwrap_or_else(|| "dense".into());
+        if arch != "hybrid" {
+            return Err(r.bad(
+                "arch",
+                format!(
+                    "\"{arch}\" is not supported; this runtime runs Qwen3.5 \"hybrid\" packages"
+                ),
+            ));
+        }
+        let graph = r
+            .string(&root, "", "graph")?
+            .filter(|g| !g.is_empty())
+            .unwrap_or_else(|| "qwen35".into());
+        let hbm = r.path(&root, "hbm")?.ok_or(PackageError::MissingKey {
+            path: manifest.to_path_buf(),
+            key: "hbm",
+        })?;
+        let hbm_prefill = r.path(&root, "hbm_prefill")?;
+        let tokenizer = r
+            .path(&root, "tokenizer")?
+            .unwrap_or_else(|| dir.join("tokenizer.json"));
+        let embed = r.path(&root, "embed")?;
+        if embed.is_none() {
+            return Err(PackageError::MissingKey {
+                path: manifest.to_path_buf(),
+                key: "embed",
+            });
+        }
+        let visual = r.path(&root, "visual")?;
+        let eos = r.u32_list(&root, "", "eos")?.unwrap_or_default();
+        let cache_len = r.u32(&root, "", "cache_len")?.unwrap_or(0);
+        let bpu_cores = r.u32(&root, "", "bpu_cores")?.unwrap_or(1);
+        if bpu_cores == 0 {
+            return Err(r.bad("bpu_cores", "must be at least 1"));
+        }
+        let rope_theta = r.f64(&root, "", "rope_theta")?.unwrap_or(1e7);
+        if !(rope_theta.is_finite() && rope_theta > 0.0) {
+            return Err(r.bad("rope_theta", "must be a positive number"));
+        }
+        let mrope_section = r.u32_list(&root, "", "mrope_section")?.unwrap_or_default();
+        if !mrope_section.is_empty() && mrope_section.len() != 3 {
+            return Err(r.bad("mrope_section", "must have exactly 3 entries (t, h, w)"));
+        }
+        let mrope_interleaved = r.bool(&root, "", "mrope_interleaved")?.unwrap_or(false);
+
+        let vis = r.object(&root, "vision")?.unwrap_or(&empty);
+        let vision = VisionConfig {
+            patch: r.u32(vis, "vision.", "patch")?.unwrap_or(14),
+            merge: r.u32(vis, "vision.", "merge")?.unwrap_or(2),
+            temporal: r.u32(vis, "vision.", "temporal")?.unwrap_or(2),
+            mean: r.triple(vis, "vision.", "mean")?.unwrap_or(CLIP_MEAN),
+            std: r.triple(vis, "vision.", "std")?.unwrap_or(CLIP_STD),
+        };
+        for (key, v) in [
+            ("vision.patch", vision.patch),
+            ("vision.merge", vision.merge),
+            ("vision.temporal", vision.temporal),
+        ] {
+            if v == 0 {
+                return Err(r.bad(key, "must be at least 1"));
+            }
+        }
+        if vision.std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
+            return Err(r.bad("vision.std", "entries must be finite and non-zero"));
+        }
+
+        let ch = r.object(&root, "chat")?.unwrap_or(&empty);
+        let format = match r.string(ch, "chat.", "format")?.as_deref() {
+            None | Some("chatml") => ChatFormat::ChatMl,
+            Some("phi") => ChatFormat::Phi,
+            Some("none") => ChatFormat::None,
+            Some(other) => {
+                return Err(r.bad(
+                    "chat.format",
+                    format!("unknown format \"{other}\" (chatml, phi, none)"),
+                ))
+            }
+        };
+        let chat = ChatConfig {
+            format,
+            im_start: r.marker(ch, "im_start")?,
+            im_end: r.marker(ch, "im_end")?,
+            bos: r.marker(ch, "bos")?,
+            system: r
+                .string(ch, "chat.", "system")?
+                .unwrap_or_else(|| "You are a helpful assistant.".into()),
+        };
+
+        let prefill_pads = r.bool(&root, "", "prefill_pads")?.unwrap_or(false);
+        let prefill_min_tail = r.u32(&root, "", "prefill_min_tail")?;
+        let dialect = match r.string(&root, "", "dialect")?.as_deref() {
+            None | Some("") | Some("chatml") => Dialect::ChatMl,
+            Some("qwen3.5") => Dialect::Qwen35,
+            Some(other) => {
+                tracing::warn!(
+                    manifest = %manifest.display(),
+                    dialect = other,
+                    "unknown dialect; rendering plain ChatML"
+                );
+                Dialect::Other(other.to_string())
+            }
+        };
+        let image_token_id = r.u32(&root, "", "image_token_id")?;
+
+        let visual = if opts.vision { visual } else { None };
+        if visual.is_some() && mrope_section.is_empty() {
+            return Err(r.bad(
+                "mrope_section",
+                "required when `visual` is present (plain rope would collapse the whole patch grid onto one position)",
+            ));
+        }
+
+        Ok(Self {
+            manifest: manifest.to_path_buf(),
+            dir: dir.to_path_buf(),
+            name,
+            backend,
+            arch,
+            graph,
+            hbm,
+            hbm_prefill,
+            tokenizer,
+            embed,
+            visual,
+            eos,
+            cache_len,
+            bpu_cores,
+            rope_theta,
+            mrope_section,
+            mrope_interleaved,
+            vision,
+            chat,
+            prefill_pads,
+            prefill_min_tail,
+            dialect,
+            image_token_id,
+        })
+    }
+
+    /// Fails naming every required file that does not exist. A declared `hbm_prefill` that is
+    /// missing is only logged: the prefill graph may live in `model.hbm`, or be absent.
+    pub fn check_files(&self) -> Result<(), PackageError> {
+        let mut required: Vec<(&str, &Path)> =
+            vec![("hbm", &self.hbm), ("tokenizer", &self.tokenizer)];
+        if let Some(e) = &self.embed {
+            required.push(("embed", e));
+        }
+        if let Some(v) = &self.visual {
+            required.push(("visual", v));
+        }
+        let files: Vec<(String, PathBuf)> = required
+            .into_iter()
+            .filter(|(_, p)| !p.is_file())
+            .map(|(k, p)| (k.to_string(), p.to_path_buf()))
+            .collect();
+        if !files.is_empty() {
+            return Err(PackageError::MissingFiles {
+                manifest: self.manifest.clone(),
+                files,
+            });
+        }
+        if let Some(p) = &self.hbm_prefill {
+            if !p.is_file() {
+                tracing::warn!(
+                    file = %p.display(),
+                    "hbm_prefill names a missing file; looking for the prefill graph in hbm"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The declared prefill `.hbm` if the file exists.
+    pub fn existing_hbm_prefill(&self) -> Option<&Path> {
+        self.hbm_prefill.as_deref().filter(|p| p.is_file())
+    }
+
+    /// Name of the prefill graph inside the packed handle.
+    pub fn prefill_graph(&self) -> String {
+        format!("{}_prefill", self.graph)
+    }
+
+    /// Whether this configuration carries a vision tower.
+    pub fn has_vision(&self) -> bool {
+        self.visual.is_some()
+    }
+}
+
+/// Typed access to manifest keys: `Ok(None)` when absent, an error naming file and key when
+/// present with the wrong type.
+struct Reader<'a> {
+    file: &'a Path,
+    dir: &'a Path,
+}
+
+fn kind(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("boolean {b}"),
+        Value::Number(n) => format!("number {n}"),
+        Value::String(s) => format!("string {s:?}"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+impl Reader<'_> {
+    fn wrong(&self, key: String, expected: &'static str, v: &Value) -> PackageError {
+        PackageError::WrongType {
+            path: self.file.to_path_buf(),
+            key,
+            expected,
+            found: kind(v),
+        }
+    }
+
+    fn bad(&self, key: &str, reason: impl Into<String>) -> PackageError {
+        PackageError::BadValue {
+            path: self.file.to_path_buf(),
+            key: key.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    fn string(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<String>, PackageError> {
+        match m.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(v) => Err(self.wrong(format!("{prefix}{key}"), "a string", v)),
+        }
+    }
+
+    fn path(&self, m: &Map<String, Value>, key: &str) -> Result<Option<PathBuf>, PackageError> {
+        Ok(self.string(m, "", key)?.filter(|s| !s.is_empty()).map(|s| {
+            let p = PathBuf::from(s);
+            if p.is_absolute() {
+                p
+            } else {
+                self.dir.join(p)
+            }
+        }))
+    }
+
+    fn bool(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<bool>, PackageError> {
+        match m.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.wrong(format!("{prefix}{key}"), "a boolean", v)),
+        }
+    }
+
+    fn int(&self, v: &Value, key: String) -> Result<i64, PackageError> {
+        v.as_i64()
+            .filter(|_| v.is_i64() || v.is_u64())
+            .ok_or_else(|| self.wrong(key, "an integer", v))
+    }
+
+    fn u32_value(&self, v: &Value, key: String) -> Result<u32, PackageError> {
+        let i = self.int(v, key.clone())?;
+        u32::try_from(i).map_err(|_| PackageError::BadValue {
+            path: self.file.to_path_buf(),
+            key,
+            reason: format!("{i} is out of range (0..=4294967295)"),
+        })
+    }
+
+    fn u32(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<u32>, PackageError> {
+        m.get(key)
+            .map(|v| self.u32_value(v, format!("{prefix}{key}")))
+            .transpose()
+    }
+
+    /// `chat.<key>` marker id: an integer, `-1` (or any negative) meaning "none".
+    fn marker(&self, m: &Map<String, Value>, key: &str) -> Result<Option<u32>, PackageError> {
+        let Some(v) = m.get(key) else {
+            return Ok(None);
+        };
+        let full = format!("chat.{key}");
+        let i = self.int(v, full.clone())?;
+        if i < 0 {
+            return Ok(None);
+        }
+        u32::try_from(i)
+            .map(Some)
+            .map_err(|_| PackageError::BadValue {
+                path: self.file.to_path_buf(),
+                key: full,
+                reason: format!("{i} is out of range"),
+            })
+    }
+
+    fn f64(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<f64>, PackageError> {
+        match m.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.wrong(format!("{prefix}{key}"), "a number", v)),
+        }
+    }
+
+    fn u32_list(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u32>>, PackageError> {
+        let full = format!("{prefix}{key}");
+        match m.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    if v.is_i64() || v.is_u64() {
+                        self.u32_value(v, full.clone())
+                    } else {
+                        Err(self.wrong(full.clone(), "an array of integers", v))
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(Some),
+            Some(v) => Err(self.wrong(full, "an array of integers", v)),
+        }
+    }
+
+    fn triple(
+        &self,
+        m: &Map<String, Value>,
+        prefix: &str,
+        key: &str,
+    ) -> Result<Option<[f32; 3]>, PackageError> {
+        let full = format!("{prefix}{key}");
+        match m.get(key) {
+            None => Ok(None),
+            Some(Value::Array(items)) => {
+                if items.len() != 3 {
+                    return Err(PackageError::BadValue {
+                        path: self.file.to_path_buf(),
+                        key: full,
+                        reason: format!("must have exactly 3 entries, found {}", items.len()),
+                    });
+                }
+                let mut out = [0f32; 3];
+                for (o, v) in out.iter_mut().zip(items) {
+                    *o = v
+                        .as_f64()
+                        .ok_or_else(|| self.wrong(full.clone(), "an array of 3 numbers", v))?
+                        as f32;
+                }
+                Ok(Some(out))
+            }
+            Some(v) => Err(self.wrong(full, "an array of 3 numbers", v)),
+        }
+    }
+
+    fn object<'m>(
+        &self,
+        m: &'m Map<String, Value>,
+        key: &str,
+    ) -> Result<Option<&'m Map<String, Value>>, PackageError> {
+        match m.get(key) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o)),
+            Some(v) => Err(self.wrong(key.to_string(), "an object", v)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PUBLISHED_LIKE: &str = r#"{
+        "name": "qwen3.5-4b-ctx4k", "arch": "hybrid", "backend": "native",
+        "hbm": "model.hbm", "hbm_prefill": "model_prefill.hbm", "tokenizer": "tokenizer.json",
+        "embed": "embed_tokens.bin", "visual": "visual.hbm", "eos": [248046, 248044],
+        "cache_len": 4096, "chat": {"format": "chatml", "im_start": 248045, "im_end": 248046,
+        "system": "You are a robot."}, "graph": "qwen35", "rope_theta": 10000000,
+        "mrope_section": [11, 11, 10], "mrope_interleaved": true,
+        "vision": {"patch": 16, "merge": 2, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+        "prefill_pads": true, "prefill_min_tail": 5, "dialect": "qwen3.5",
+        "some_future_key": {"x": [1, 2]}
+    }"#;
+
+    fn parse(text: &str) -> Result<ModelConfig, PackageError> {
+        ModelConfig::parse(
+            text,
+            Path::new("/pkg"),
+            Path::new("/pkg/model.json"),
+            LoadOptions::default(),
+        )
+    }
+
+    #[test]
+    fn published_manifest_parses_with_all_keys() {
+        let c = parse(PUBLISHED_LIKE).unwrap();
+        assert_eq!(c.name, "qwen3.5-4b-ctx4k");
+        assert_eq!(c.hbm, PathBuf::from("/pkg/model.hbm"));
+        assert_eq!(c.hbm_prefill, Some(PathBuf::from("/pkg/model_prefill.hbm")));
+        assert_eq!(c.visual, Some(PathBuf::from("/pkg/visual.hbm")));
+        assert_eq!(c.eos, vec![248046, 248044]);
+        assert_eq!(c.cache_len, 4096);
+        assert_eq!(c.rope_theta, 1e7);
+        assert_eq!(c.mrope_section, vec![11, 11, 10]);
+        assert!(c.mrope_interleaved);
+        assert_eq!(c.vision.patch, 16);
+        assert_eq!(c.vision.temporal, 2, "temporal is never written; default 2");
+        assert_eq!(c.vision.mean, [0.5; 3]);
+        assert_eq!(c.chat.im_start, Some(248045));
+        assert_eq!(c.chat.bos, None);
+        assert_eq!(c.chat.system, "You are a robot.");
+        assert!(c.prefill_pads);
+        assert_eq!(c.prefill_min_tail, Some(5));
+        assert_eq!(c.dialect, Dialect::Qwen35);
+        assert_eq!(c.prefill_graph(), "qwen35_prefill");
+        assert_eq!(c.image_token_id, None);
+    }
+
+    #[test]
+    fn defaults_apply_when_keys_are_absent() {
+        let c = parse(r#"{"arch":"hybrid","hbm":"m.hbm","embed":"/abs/e.bin"}"#).unwrap();
+        assert_eq!(c.tokenizer, PathBuf::from("/pkg/tokenizer.json"));
+        assert_eq!(c.embed, Some(PathBuf::from("/abs/e.bin")), "absolute kept");
+        assert_eq!(c.graph, "qwen35");
+        assert_eq!(c.backend, "auto");
+        assert_eq!(c.bpu_cores, 1);
+        assert_eq!(c.cache_len, 0);
+        assert_eq!(c.rope_theta, 1e7);
+        assert_eq!(c.vision.patch, 14);
+        assert_eq!(c.vision.mean, CLIP_MEAN);
+        assert_eq!(c.vision.std, CLIP_STD);
+        assert_eq!(c.chat.format, ChatFormat::ChatMl);
+        assert_eq!(c.chat.system, "You are a helpful assistant.");
+        assert!(!c.prefill_pads);
+        assert_eq!(c.prefill_min_tail, None);
+        assert_eq!(c.dialect, Dialect::ChatMl);
+        assert!(c.visual.is_none() && c.hbm_prefill.is_none());
+    }
+
+    fn with(key_json: &str) -> String {
+        format!(r#"{{"arch":"hybrid","hbm":"m.hbm","embed":"e.bin",{key_json}}}"#)
+    }
+
+    #[test]
+    fn wrong_types_name_the_file_and_key() {
+        for (json, key) in [
+            (r#""cache_len":"4096""#, "cache_len"),
+            (r#""cache_len":4096.5"#, "cache_len"),
+            (r#""eos":248046"#, "eos"),
+            (r#""eos":[248046,"x"]"#, "eos"),
+            (r#""prefill_pads":"yes""#, "prefill_pads"),
+            (r#""prefill_min_tail":5.0"#, "prefill_min_tail"),
+            (r#""dialect":3"#, "dialect"),
+            (r#""image_token_id":"248056""#, "image_token_id"),
+            (r#""chat":{"im_start":"x"}"#, "chat.im_start"),
+            (r#""chat":{"system":null}"#, "chat.system"),
+            (r#""vision":{"patch":"16"}"#, "vision.patch"),
+            (r#""vision":[16]"#, "vision"),
+            (r#""mrope_interleaved":1"#, "mrope_interleaved"),
+            (r#""rope_theta":"1e7""#, "rope_theta"),
+            (r#""hbm_prefill":false"#, "hbm_prefill"),
+        ] {
+            let err = parse(&with(json)).unwrap_err();
+            match &err {
+                PackageError::WrongType { path, key: k, .. } => {
+                    assert_eq!(path, Path::new("/pkg/model.json"));
+                    assert_eq!(k, key, "{json}");
+                }
+                other => panic!("{json}: expected WrongType, got {other}"),
+            }
+            let msg = err.to_string();
+            assert!(
+                msg.contains("/pkg/model.json") && msg.contains(key),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        for (json, key) in [
+            (r#""backend":"libxlm""#, "backend"),
+            (r#""cache_len":-1"#, "cache_len"),
+            (r#""vision":{"mean":[0.5,0.5]}"#, "vision.mean"),
+            (r#""mrope_section":[11,11]"#, "mrope_section"),
+            (r#""visual":"v.hbm""#, "mrope_section"),
+            (r#""chat":{"format":"llama"}"#, "chat.format"),
+            (r#""bpu_cores":0"#, "bpu_cores"),
+        ] {
+            match parse(&with(json)).unwrap_err() {
+                PackageError::BadValue { key: k, .. } => assert_eq!(k, key, "{json}"),
+                other => panic!("{json}: expected BadValue, got {other}"),
+            }
+        }
+        assert!(matches!(
+            parse(r#"{"arch":"hybrid","embed":"e"}"#),
+            Err(PackageError::MissingKey { key: "hbm", .. })
+        ));
+        assert!(matches!(
+            parse(r#"{"arch":"hybrid","hbm":"m"}"#),
+            Err(PackageError::MissingKey { key: "embed", .. })
+        ));
+        assert!(matches!(
+            parse("[1]"),
+            Err(PackageError::NotAnObject { .. })
+        ));
+        assert!(matches!(parse("{"), Err(PackageError::Json { .. })));
+        assert!(matches!(
+            parse(r#"{"arch":"dense","hbm":"m","embed":"e"}"#),
+            Err(PackageError::BadValue { .. })
+        ));
+    }
+
+    #[test]
+    fn chat_markers_minus_one_mean_none_and_image_token_is_honoured() {
+        let c = parse(&with(
+            r#""chat":{"im_start":-1,"bos":5},"image_token_id":248056,"dialect":"future""#,
+        ))
+        .unwrap();
+        assert_eq!(c.chat.im_start, None);
+        assert_eq!(c.chat.bos, Some(5));
+        assert_eq!(c.image_token_id, Some(248056));
+        assert_eq!(c.dialect, Dialect::Other("future".into()));
+    }
+
+    #[test]
+    fn vision_false_drops_the_tower_and_its_requirements() {
+        let text = with(r#""visual":"visual.hbm""#);
+        let c = ModelConfig::parse(
+            &text,
+            Path::new("/pkg"),
+            Path::new("/pkg/model.json"),
+            LoadOptions { vision: false },
+        )
+        .unwrap();
+        assert!(!c.has_vision());
+    }
+
+    #[test]
+    fn load_checks_files_and_names_the_missing_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("model.json"), PUBLISHED_LIKE).unwrap();
+        for f in ["model.hbm", "tokenizer.json"] {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let err = ModelConfig::load(dir.path(), LoadOptions::default()).unwrap_err();
+        let PackageError::MissingFiles { files, .. } = &err else {
+            panic!("expected MissingFiles, got {err}");
+        };
+        let keys: Vec<&str> = files.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["embed", "visual"]);
+        assert!(err.to_string().contains("embed_tokens.bin"));
+
+        // Text-only load never asks for visual.hbm; a missing prefill file is not an error.
+        std::fs::write(dir.path().join("embed_tokens.bin"), b"x").unwrap();
+        let c = ModelConfig::load(dir.path(), LoadOptions { vision: false }).unwrap();
+        assert!(c.visual.is_none());
+        assert_eq!(c.existing_hbm_prefill(), None);
+        std::fs::write(dir.path().join("model_prefill.hbm"), b"x").unwrap();
+        let c = ModelConfig::load(dir.path(), LoadOptions { vision: false }).unwrap();
+        assert_eq!(
+            c.existing_hbm_prefill(),
+            Some(dir.path().join("model_prefill.hbm").as_path())
+        );
+        assert!(matches!(
+            ModelConfig::load(dir.path(), LoadOptions::default()),
+            Err(PackageError::MissingFiles { .. })
+        ));
+        assert!(matches!(
+            ModelConfig::load(&dir.path().join("nope"), LoadOptions::default()),
+            Err(PackageError::Read { .. })
+        ));
+    }
+}

@@ -1,0 +1,823 @@
+//! Token sampler with bllm's algorithm and defaults (contract §8).
+//!
+//! Greedy with no penalties or bias is a plain argmax. Otherwise: the top
+//! `max(top_k, 512, min_keep)` raw logits are selected (block maxima give a threshold that
+//! at least that many logits reach, so most of a 248k vocabulary costs one packed max), each
+//! candidate gets the repetition / frequency / presence penalties of the last-n window and
+//! its logit bias (biased ids join the candidates), then: temperature ≤ 0 takes the best;
+//! else softmax at temperature, top-k, top-p, min-p and locally-typical filtering (each
+//! keeping at least `min_keep`), and a draw from the remaining mass with a seeded ChaCha RNG.
+
+use std::collections::{HashMap, VecDeque};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// Candidates considered before filtering, at least (bllm's single-pass heap size).
+pub const MIN_CANDIDATES: usize = 512;
+
+/// Errors of sampling.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum SamplerError {
+    #[error("sampling parameter `{name}` = {value} is out of range ({range})")]
+    BadParam {
+        name: &'static str,
+        value: f64,
+        range: &'static str,
+    },
+    #[error("empty logits")]
+    EmptyLogits,
+    #[error("logit bias for token {id} is outside the vocabulary of {vocab}")]
+    BiasOutOfVocab { id: u32, vocab: usize },
+    #[error("every logit is NaN or -inf; nothing can be sampled")]
+    NothingToSample,
+}
+
+/// Sampling settings; `Default` is the contract's (greedy, nothing else active).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// ≤ 0: take the best candidate.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
+    /// 1 = off.
+    pub typical_p: f32,
+    pub min_keep: usize,
+    /// Penalty window in generated tokens; negative = the whole history, 0 = no penalties.
+    pub penalty_last_n: i32,
+    /// Divides positive / multiplies negative logits of tokens in the window; 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once per occurrence in the window.
+    pub frequency_penalty: f32,
+    /// Subtracted once if the token occurs in the window (additive, as the model card means).
+    pub presence_penalty: f32,
+    /// Added to a token's logit; `f32::NEG_INFINITY` bans it.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// `None`: a fresh random seed per generation (reported by [`Sampler::seed`]).
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            typical_p: 1.0,
+            min_keep: 1,
+            penalty_last_n: 64,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            logit_bias: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// The Qwen3.5 model card's non-thinking setting: T 0.7, top-p 0.8, top-k 20,
+    /// presence penalty 1.5.
+    pub fn qwen35_non_thinking() -> Self {
+        Self {
+            temperature: 0.7,
+            top_p: 0.8,
+            top_k: 20,
+            presence_penalty: 1.5,
+            ..Self::default()
+        }
+    }
+
+    /// The model card's general thinking setting: T 1.0, top-p 0.95, top-k 20, presence 1.5.
+    pub fn qwen35_thinking() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 0.95,
+            top_k: 20,
+            presence_penalty: 1.5,
+            ..Self::default()
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), SamplerError> {
+        let check = |name, v: f32, ok: bool, range| {
+            if ok && !v.is_nan() {
+                Ok(())
+            } else {
+                Err(SamplerError::BadParam {
+                    name,
+                    value: f64::from(v),
+                    range,
+                })
+            }
+        };
+        check(
+            "temperature",
+            self.temperature,
+            self.temperature.is_finite(),
+            "finite",
+        )?;
+        check(
+            "top_p",
+            self.top_p,
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "(0, 1]",
+        )?;
+        check(
+            "min_p",
+            self.min_p,
+            (0.0..=1.0).contains(&self.min_p),
+            "[0, 1]",
+        )?;
+        check(
+            "typical_p",
+            self.typical_p,
+            self.typical_p > 0.0 && self.typical_p <= 1.0,
+            "(0, 1]",
+        )?;
+        check(
+            "repetition_penalty",
+            self.repetition_penalty,
+            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
+            "> 0",
+        )?;
+        check(
+            "frequency_penalty",
+            self.frequency_penalty,
+            self.frequency_penalty.is_finite(),
+            "finite",
+        )?;
+        check(
+            "presence_penalty",
+            self.presence_penalty,
+            self.presence_penalty.is_finite(),
+            "finite",
+        )?;
+        for &(_, b) in &self.logit_bias {
+            check("logit_bias", b, b != f32::INFINITY, "finite or -inf")?;
+        }
+        Ok(())
+    }
+
+    fn penalties_active(&self) -> bool {
+        self.penalty_last_n != 0
+            && (self.repetition_penalty != 1.0
+                || self.frequency_penalty != 0.0
+                || self.presence_penalty != 0.0)
+    }
+}
+
+/// Per-generation sampler state: RNG, penalty window, scratch buffers.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: ChaCha8Rng,
+    window: VecDeque<u32>,
+    counts: HashMap<u32, u32>,
+    bias: HashMap<u32, f32>,
+    cand: Vec<(f32, u32)>,
+    probs: Vec<f32>,
+    maxima: Vec<f32>,
+    sel: Vec<f32>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Result<Self, SamplerError> {
+        params.validate()?;
+        let seed = params.seed.unwrap_or_else(rand::random);
+        let mut bias = HashMap::new();
+        for &(id, b) in &params.logit_bias {
+            *bias.entry(id).or_insert(0.0) += b;
+        }
+        Ok(Self {
+            seed,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            params,
+            window: VecDeque::new(),
+            counts: HashMap::new(),
+            bias,
+            cand: Vec::with_capacity(MIN_CANDIDATES * 2),
+            probs: Vec::with_capacity(MIN_CANDIDATES * 2),
+            maxima: Vec::new(),
+            sel: Vec::new(),
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed in use (the drawn one when the parameters gave none).
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Starts a new generation: empty penalty window, RNG reseeded (a fresh seed when the
+    /// parameters gave none).
+    pub fn reset(&mut self) {
+        self.seed = self.params.seed.unwrap_or_else(rand::random);
+        self.rng = ChaCha8Rng::seed_from_u64(self.seed);
+        self.window.clear();
+        self.counts.clear();
+    }
+
+    /// Records a generated token in the penalty window (call for each token fed back).
+    pub fn accept(&mut self, id: u32) {
+        let n = self.params.penalty_last_n;
+        if n == 0 {
+            return;
+        }
+        self.window.push_back(id);
+        *self.counts.entry(id).or_insert(0) += 1;
+        if n > 0 && self.window.len() > n as usize {
+            if let Some(old) = self.window.pop_front() {
+                if let Some(c) = self.counts.get_mut(&old) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.counts.remove(&old);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Picks the next token from raw logits (one row, `vocab` long).
+    pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
+        if logits.is_empty() {
+            return Err(SamplerError::EmptyLogits);
+        }
+        if let Some(&id) = self.bias.keys().find(|&&id| id as usize >= logits.len()) {
+            return Err(SamplerError::BiasOutOfVocab {
+                id,
+                vocab: logits.len(),
+            });
+        }
+        let p = Knobs::from(&self.params);
+        let penalise = self.params.penalties_active() && !self.counts.is_empty();
+        if p.temperature <= 0.0 && !penalise && self.bias.is_empty() {
+            return argmax(logits).ok_or(SamplerError::NothingToSample);
+        }
+
+        let n = p
+            .top_k
+            .max(MIN_CANDIDATES)
+            .max(p.min_keep)
+            .min(logits.len());
+        top_n(logits, n, &mut self.cand, &mut self.maxima, &mut self.sel);
+        for &id in self.bias.keys() {
+            if !self.cand.iter().any(|&(_, c)| c == id) {
+                self.cand.push((logits[id as usize], id));
+            }
+        }
+        for (l, id) in self.cand.iter_mut() {
+            if penalise {
+                if let Some(&count) = self.counts.get(id) {
+                    if *l > 0.0 {
+                        *l /= p.repetition_penalty;
+                    } else {
+                        *l *= p.repetition_penalty;
+                    }
+                    *l -= count as f32 * p.frequency_penalty + p.presence_penalty;
+                }
+            }
+            if let Some(b) = self.bias.get(id) {
+                *l += b;
+            }
+        }
+        self.cand
+            .retain(|(l, _)| !l.is_nan() && *l != f32::NEG_INFINITY);
+        if self.cand.is_empty() {
+            return Err(SamplerError::NothingToSample);
+        }
+        let min_keep = p.min_keep.max(1);
+        if p.temperature <= 0.0 {
+            return Ok(best(&self.cand));
+        }
+        // Only the first k survive top-k, so select them before sorting.
+        if p.top_k > 0 {
+            let k = p.top_k.max(min_keep);
+            if k < self.cand.len() {
+                self.cand
+                    .select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+                self.cand.truncate(k);
+            }
+        }
+        self.cand.sort_unstable_by(|a, b| b.0.total_cmp(&a.0));
+
+        // Softmax at temperature.
+        let inv_t = 1.0 / p.temperature;
+        let max = self.cand[0].0;
+        self.probs.clear();
+        self.probs
+            .extend(self.cand.iter().map(|&(l, _)| ((l - max) * inv_t).exp()));
+        normalise(&mut self.probs);
+
+        // top-p: the smallest prefix whose mass reaches top_p.
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            let mut keep = self.probs.len();
+            for (i, &q) in self.probs.iter().enumerate() {
+                cum += q;
+                if cum >= p.top_p && i + 1 >= min_keep {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            self.truncate(keep);
+        }
+        // min-p: relative to the most likely candidate.
+        if p.min_p > 0.0 {
+            let floor = p.min_p * self.probs[0];
+            let keep = self
+                .probs
+                .iter()
+                .position(|&q| q < floor)
+                .unwrap_or(self.probs.len())
+                .max(min_keep)
+                .min(self.probs.len());
+            self.truncate(keep);
+        }
+        // Locally typical: keep tokens whose surprise is closest to the entropy.
+        if p.typical_p < 1.0 {
+            self.typical(p.typical_p, min_keep);
+        }
+
+        let total: f32 = self.probs.iter().sum();
+        let r = self.rng.random::<f32>() * total;
+        let mut cum = 0.0;
+        for (i, &q) in self.probs.iter().enumerate() {
+            cum += q;
+            if r < cum {
+                return Ok(self.cand[i].1);
+            }
+        }
+        Ok(self.cand[self.probs.len() - 1].1)
+    }
+
+    fn truncate(&mut self, keep: usize) {
+        if keep < self.probs.len() {
+            self.probs.truncate(keep);
+            self.cand.truncate(keep);
+            normalise(&mut self.probs);
+        }
+    }
+
+    fn typical(&mut self, typical_p: f32, min_keep: usize) {
+        let entropy: f32 = self
+            .probs
+            .iter()
+            .filter(|&&q| q > 0.0)
+            .map(|&q| -q * q.ln())
+            .sum();
+        let mut order: Vec<(f32, usize)> = self
+            .probs
+            .iter()
+            .enumerate()
+            .map(|(i, &q)| ((-q.ln() - entropy).abs(), i))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut cum = 0.0;
+        let mut keep = order.len();
+        for (j, &(_, i)) in order.iter().enumerate() {
+            cum += self.probs[i];
+            if cum >= typical_p && j + 1 >= min_keep {
+                keep = j + 1;
+                break;
+            }
+        }
+        let cand: Vec<(f32, u32)> = order[..keep].iter().map(|&(_, i)| self.cand[i]).collect();
+        let probs: Vec<f32> = order[..keep].iter().map(|&(_, i)| self.probs[i]).collect();
+        self.cand = cand;
+        self.probs = probs;
+        normalise(&mut self.probs);
+    }
+}
+
+/// The scalar parameters, copied so `sample` can borrow the scratch buffers mutably.
+#[derive(Clone, Copy)]
+struct Knobs {
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    min_p: f32,
+    typical_p: f32,
+    min_keep: usize,
+    repetition_penalty: f32,
+    frequency_penalty: f32,
+    presence_penalty: f32,
+}
+
+impl From<&SamplingParams> for Knobs {
+    fn from(p: &SamplingParams) -> Self {
+        Self {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            typical_p: p.typical_p,
+            min_keep: p.min_keep,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+        }
+    }
+}
+
+fn normalise(p: &mut [f32]) {
+    let s: f32 = p.iter().sum();
+    if s > 0.0 {
+        let inv = 1.0 / s;
+        p.iter_mut().for_each(|q| *q *= inv);
+    }
+}
+
+fn best(cand: &[(f32, u32)]) -> u32 {
+    let mut b = cand[0];
+    for &c in &cand[1..] {
+        if c.0 > b.0 || (c.0 == b.0 && c.1 < b.1) {
+            b = c;
+        }
+    }
+    b.1
+}
+
+/// Block scanned with one vectorised max before any per-element work.
+const BLOCK: usize = 64;
+const LANES: usize = 8;
+
+/// Largest value of a block (NaN ignored), written as lane-wise selects so it compiles to
+/// packed max instructions.
+#[inline]
+fn block_max(block: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut lanes = block.chunks_exact(LANES);
+    for c in &mut lanes {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = if v > *a { v } else { *a };
+        }
+    }
+    let mut m = f32::NEG_INFINITY;
+    for &v in acc.iter().chain(lanes.remainder()) {
+        if v > m {
+            m = v;
+        }
+    }
+    m
+}
+
+/// Index of the largest logit (lowest index on ties; NaN ignored).
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best_v = f32::NEG_INFINITY;
+    let mut best_i = None;
+    let mut base = 0;
+    for block in logits.chunks(BLOCK) {
+        let m = block_max(block);
+        if m > best_v {
+            best_v = m;
+            best_i = block.iter().position(|&v| v == m).map(|j| base + j);
+        }
+        base += block.len();
+    }
+    if best_i.is_none() {
+        // Every value is -inf or NaN: the first -inf is the argmax.
+        return logits
+            .iter()
+            .position(|v| *v == f32::NEG_INFINITY)
+            .map(|i| i as u32);
+    }
+    best_i.map(|i| i as u32)
+}
+
+/// The `n` largest logits (unordered) into `out`; NaN never qualifies.
+///
+/// Two vectorised-friendly passes instead of a heap (whose unpredictable sift branches
+/// cost more than the scan): block maxima, then `t` = the n-th largest block maximum —
+/// at least `n` logits are ≥ `t`, one per such block — and only blocks whose maximum
+/// reaches `t` are scanned for values ≥ `t`; a final selection trims to `n`.
+fn top_n(
+    logits: &[f32],
+    n: usize,
+    out: &mut Vec<(f32, u32)>,
+    maxima: &mut Vec<f32>,
+    sel: &mut Vec<f32>,
+) {
+    out.clear();
+    if n == 0 {
+        return;
+    }
+    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
+    maxima.clear();
+    maxima.extend(logits.chunks(BLOCK).map(block_max));
+    if maxima.len() <= n {
+        out.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, v)| !v.is_nan())
+                .map(|(i, &v)| (v, i as u32)),
+        );
+    } else {
+        sel.clear();
+        sel.extend_from_slice(maxima);
+        sel.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a));
+        let t = sel[n - 1];
+        for (bi, block) in logits.chunks(BLOCK).enumerate() {
+            if maxima[bi] >= t {
+                let base = bi * BLOCK;
+                out.extend(
+                    block
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &v)| v >= t)
+                        .map(|(j, &v)| (v, (base + j) as u32)),
+                );
+            }
+        }
+    }
+    if out.len() > n {
+        out.select_nth_unstable_by(n - 1, desc);
+        out.truncate(n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn freq(s: &mut Sampler, logits: &[f32], n: usize, accept: bool) -> Vec<usize> {
+        let mut f = vec![0; logits.len()];
+        for _ in 0..n {
+            let id = s.sample(logits).unwrap();
+            f[id as usize] += 1;
+            if accept {
+                s.accept(id);
+            }
+        }
+        f
+    }
+
+    fn seeded(p: SamplingParams) -> Sampler {
+        Sampler::new(SamplingParams {
+            seed: Some(1234),
+            ..p
+        })
+        .unwrap()
+    }
+
+    fn logits_of(probs: &[f64]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax_and_top_n_finds_the_largest() {
+        let mut logits: Vec<f32> = (0..5000)
+            .map(|i| ((i * 7919) % 5000) as f32 * 0.001)
+            .collect();
+        logits[4321] = 100.0;
+        logits[17] = f32::NAN;
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        assert_eq!(s.sample(&logits).unwrap(), 4321);
+        let mut out = Vec::new();
+        top_n(&logits, 512, &mut out, &mut Vec::new(), &mut Vec::new());
+        let mut got: Vec<u32> = out.iter().map(|c| c.1).collect();
+        got.sort_unstable();
+        let mut idx: Vec<u32> = (0..5000u32).filter(|&i| i != 17).collect();
+        idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+        let mut want = idx[..512].to_vec();
+        want.sort_unstable();
+        assert_eq!(got, want);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, f32::NEG_INFINITY]), Some(0));
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), Some(1));
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 31) % 97) as f32 * 0.05).collect();
+        let p = SamplingParams::qwen35_non_thinking();
+        let run = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                seed: Some(seed),
+                ..p.clone()
+            })
+            .unwrap();
+            (0..200)
+                .map(|_| {
+                    let id = s.sample(&logits).unwrap();
+                    s.accept(id);
+                    id
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+        let mut s = seeded(p);
+        let a: Vec<u32> = (0..50).map(|_| s.sample(&logits).unwrap()).collect();
+        s.reset();
+        let b: Vec<u32> = (0..50).map(|_| s.sample(&logits).unwrap()).collect();
+        assert_eq!(a, b, "reset reseeds");
+        assert_eq!(s.seed(), 1234);
+    }
+
+    #[test]
+    fn temperature_sampling_matches_softmax() {
+        let probs = [0.4, 0.3, 0.2, 0.1];
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        });
+        let f = freq(&mut s, &logits_of(&probs), 20000, false);
+        for (i, &p) in probs.iter().enumerate() {
+            let got = f[i] as f64 / 20000.0;
+            assert!((got - p).abs() < 0.015, "id {i}: {got} vs {p}");
+        }
+        // T = 0.5 squares the ratios: 16:9:4:1 over 30.
+        let mut s = seeded(SamplingParams {
+            temperature: 0.5,
+            ..Default::default()
+        });
+        let f = freq(&mut s, &logits_of(&probs), 20000, false);
+        for (i, w) in [16.0, 9.0, 4.0, 1.0].iter().enumerate() {
+            let got = f[i] as f64 / 20000.0;
+            assert!((got - w / 30.0).abs() < 0.015, "id {i}: {got}");
+        }
+    }
+
+    #[test]
+    fn top_k_top_p_min_p_restrict_the_support() {
+        let probs = [0.35, 0.25, 0.2, 0.1, 0.06, 0.04];
+        let l = logits_of(&probs);
+        let t1 = SamplingParams {
+            temperature: 1.0,
+            ..Default::default()
+        };
+        let mut s = seeded(SamplingParams {
+            top_k: 2,
+            ..t1.clone()
+        });
+        let f = freq(&mut s, &l, 10000, false);
+        assert_eq!(f[2..].iter().sum::<usize>(), 0);
+        let r = f[0] as f64 / 10000.0;
+        assert!((r - 0.35 / 0.6).abs() < 0.02, "renormalised top-2: {r}");
+
+        // cumulative 0.35, 0.60, 0.80 → top_p 0.7 keeps three.
+        let mut s = seeded(SamplingParams {
+            top_p: 0.7,
+            ..t1.clone()
+        });
+        let f = freq(&mut s, &l, 10000, false);
+        assert!(f[2] > 0 && f[3..].iter().sum::<usize>() == 0, "{f:?}");
+
+        // min_p 0.25 keeps p ≥ 0.0875: ids 0..=3.
+        let mut s = seeded(SamplingParams {
+            min_p: 0.25,
+            ..t1.clone()
+        });
+        let f = freq(&mut s, &l, 10000, false);
+        assert!(f[3] > 0 && f[4] + f[5] == 0, "{f:?}");
+
+        // min_keep wins over the filters.
+        let mut s = seeded(SamplingParams {
+            top_k: 1,
+            min_keep: 3,
+            ..t1
+        });
+        let f = freq(&mut s, &l, 5000, false);
+        assert!(f[2] > 0 && f[3..].iter().sum::<usize>() == 0, "{f:?}");
+    }
+
+    #[test]
+    fn typical_p_keeps_the_typical_set() {
+        // H = 1.089; surprises 0.51, 1.61, 2.30, 2.30 → id 1 is the most typical.
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            typical_p: 0.15,
+            ..Default::default()
+        });
+        let f = freq(&mut s, &logits_of(&[0.6, 0.2, 0.1, 0.1]), 2000, false);
+        assert_eq!(f, vec![0, 2000, 0, 0]);
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            typical_p: 0.7,
+            ..Default::default()
+        });
+        let f = freq(&mut s, &logits_of(&[0.6, 0.2, 0.1, 0.1]), 4000, false);
+        assert!(f[0] > 0 && f[1] > 0 && f[2] + f[3] == 0, "{f:?}");
+    }
+
+    #[test]
+    fn presence_penalty_is_additive_and_windowed() {
+        // Two equal tokens; after token 0 is generated its logit drops by 1.5.
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            presence_penalty: 1.5,
+            ..Default::default()
+        });
+        s.accept(0);
+        let f = freq(&mut s, &[0.0, 0.0], 20000, false);
+        let want = (-1.5f64).exp() / (1.0 + (-1.5f64).exp());
+        let got = f[0] as f64 / 20000.0;
+        assert!((got - want).abs() < 0.015, "{got} vs {want}");
+
+        // Greedy with penalties: frequency counts occurrences, the window forgets.
+        let mut s = Sampler::new(SamplingParams {
+            frequency_penalty: 0.4,
+            penalty_last_n: 3,
+            ..Default::default()
+        })
+        .unwrap();
+        let l = [1.0, 0.5];
+        s.accept(0);
+        assert_eq!(s.sample(&l).unwrap(), 0, "1.0-0.4 > 0.5");
+        s.accept(0);
+        assert_eq!(s.sample(&l).unwrap(), 1, "1.0-0.8 < 0.5");
+        s.accept(1);
+        s.accept(1);
+        assert_eq!(s.counts.get(&0), Some(&1), "window of 3 keeps one 0");
+        s.accept(1);
+        assert_eq!(s.sample(&l).unwrap(), 0, "0 left the window");
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative() {
+        let mut s = Sampler::new(SamplingParams {
+            repetition_penalty: 1.1,
+            ..Default::default()
+        })
+        .unwrap();
+        s.accept(0);
+        assert_eq!(s.sample(&[2.0, 1.9]).unwrap(), 1, "2.0/1.1 < 1.9");
+        assert_eq!(s.sample(&[2.0, 1.7]).unwrap(), 0, "2.0/1.1 > 1.7");
+        assert_eq!(s.sample(&[-1.0, -1.05]).unwrap(), 1, "-1.1 < -1.05");
+    }
+
+    #[test]
+    fn logit_bias_joins_candidates_and_bans() {
+        let mut logits = vec![0.0f32; 2000];
+        logits[5] = 10.0;
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(1999, 100.0)],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.sample(&logits).unwrap(), 1999);
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(5, f32::NEG_INFINITY)],
+            ..Default::default()
+        });
+        assert!((0..200).all(|_| s.sample(&logits).unwrap() != 5));
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: vec![(3000, 1.0)],
+            ..Default::default()
+        })
+        .unwrap();
+        assert!(matches!(
+            s.sample(&logits),
+            Err(SamplerError::BiasOutOfVocab { id: 3000, .. })
+        ));
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected() {
+        for p in [
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                typical_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                presence_penalty: f32::INFINITY,
+                ..Default::default()
+            },
+        ] {
+            assert!(Sampler::new(p.clone()).is_err(), "{p:?}");
+        }
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        assert_eq!(s.sample(&[]), Err(SamplerError::EmptyLogits));
+    }
+}

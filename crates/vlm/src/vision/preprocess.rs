@@ -1,0 +1,223 @@
+//! Normalisation and patchify into the vision tower's input `[n_patch, 3·T·P·P]`.
+//!
+//! Order ("merged", as BLLM and the HF processor use it): for each merge block (row-major
+//! over the merged grid), its `merge × merge` patches row-major; inside a patch row:
+//! channel, frame, py, px. A still image fills every temporal frame with the same pixels.
+//! Normalisation follows the HF processor's arithmetic: `f32(v · (1/255) in f64)`, then
+//! `(x − mean) / std` in f32.
+
+use super::resize::{resize_bicubic, RgbImage};
+use super::VisionError;
+
+/// Tower input geometry for one square bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Bucket side in pixels (320 for the published package).
+    pub side: usize,
+    pub patch: usize,
+    pub merge: usize,
+    pub temporal: usize,
+}
+
+impl Geometry {
+    /// Checks that the bucket splits into whole merge blocks.
+    pub fn new(
+        side: usize,
+        patch: usize,
+        merge: usize,
+        temporal: usize,
+    ) -> Result<Self, VisionError> {
+        if side == 0 || patch == 0 || merge == 0 || temporal == 0 || side % (patch * merge) != 0 {
+            return Err(VisionError::BadGeometry { side, patch, merge });
+        }
+        Ok(Self {
+            side,
+            patch,
+            merge,
+            temporal,
+        })
+    }
+
+    /// Derives the bucket from the tower's input shape `[n_patch, row_len]`, as BLLM does:
+    /// `side = sqrt(n_patch) · patch`, and `row_len` must equal `3·T·P·P`.
+    pub fn from_tower_input(
+        n_patch: usize,
+        row_len: usize,
+        patch: usize,
+        merge: usize,
+        temporal: usize,
+    ) -> Result<Self, VisionError> {
+        let grid = (n_patch as f64).sqrt().round() as usize;
+        let side = grid * patch;
+        if grid * grid != n_patch || row_len != 3 * temporal * patch * patch {
+            return Err(VisionError::BadGeometry { side, patch, merge });
+        }
+        Self::new(side, patch, merge, temporal)
+    }
+
+    /// Patches per side.
+    pub fn grid(&self) -> usize {
+        self.side / self.patch
+    }
+
+    /// Merged tokens per side (`G`; 10 for 320 px): the M-RoPE advance of one image.
+    pub fn merged_side(&self) -> usize {
+        self.grid() / self.merge
+    }
+
+    /// Tower input rows (400 for 320 px).
+    pub fn n_patch(&self) -> usize {
+        self.grid() * self.grid()
+    }
+
+    /// Length of one patch row (1536 for patch 16, temporal 2).
+    pub fn row_len(&self) -> usize {
+        3 * self.temporal * self.patch * self.patch
+    }
+
+    /// Tower output rows = LLM tokens per image (100 for 320 px).
+    pub fn n_tokens(&self) -> usize {
+        self.merged_side() * self.merged_side()
+    }
+}
+
+/// Tower input: `rows × row_len` f32, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelValues {
+    pub rows: usize,
+    pub row_len: usize,
+    pub data: Vec<f32>,
+}
+
+/// Any RGB8 frame → resize straight to the bucket (aspect ratio not kept, as BLLM does) →
+/// normalise → patchify.
+pub fn preprocess(
+    img: &RgbImage,
+    geom: &Geometry,
+    mean: [f32; 3],
+    std: [f32; 3],
+) -> Result<PixelValues, VisionError> {
+    let resized = resize_bicubic(img, geom.side, geom.side)?;
+    patchify_merged(&resized, geom, mean, std)
+}
+
+/// Normalises and patchifies an image that already has the bucket size.
+pub fn patchify_merged(
+    img: &RgbImage,
+    geom: &Geometry,
+    mean: [f32; 3],
+    std: [f32; 3],
+) -> Result<PixelValues, VisionError> {
+    if img.width != geom.side || img.height != geom.side {
+        return Err(VisionError::BadGeometry {
+            side: img.width.max(img.height),
+            patch: geom.patch,
+            merge: geom.merge,
+        });
+    }
+    let mut lut = [[0f32; 256]; 3];
+    for (c, table) in lut.iter_mut().enumerate() {
+        for (v, out) in table.iter_mut().enumerate() {
+            let x = (v as f64 * (1.0 / 255.0)) as f32;
+            *out = (x - mean[c]) / std[c];
+        }
+    }
+    let (p, m, t, w) = (geom.patch, geom.merge, geom.temporal, geom.side);
+    let g = geom.merged_side();
+    let row_len = geom.row_len();
+    let mut data = Vec::with_capacity(geom.n_patch() * row_len);
+    for bh in 0..g {
+        for bw in 0..g {
+            for mh in 0..m {
+                for mw in 0..m {
+                    let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
+                    for (c, table) in lut.iter().enumerate() {
+                        let start = data.len();
+                        for py in 0..p {
+                            let row =
+                                &img.data[((y0 + py) * w + x0) * 3..((y0 + py) * w + x0 + p) * 3];
+                            data.extend(row.chunks_exact(3).map(|px| table[usize::from(px[c])]));
+                        }
+                        // Further frames repeat the first (a still image).
+                        for _ in 1..t {
+                            data.extend_from_within(start..start + p * p);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(PixelValues {
+        rows: geom.n_patch(),
+        row_len,
+        data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_of_the_published_bucket() {
+        let g = Geometry::from_tower_input(400, 1536, 16, 2, 2).unwrap();
+        assert_eq!(
+            (g.side, g.grid(), g.merged_side(), g.n_tokens()),
+            (320, 20, 10, 100)
+        );
+        assert!(Geometry::from_tower_input(399, 1536, 16, 2, 2).is_err());
+        assert!(Geometry::from_tower_input(400, 1500, 16, 2, 2).is_err());
+        assert!(
+            Geometry::new(336, 16, 2, 2).is_err(),
+            "336 is not a multiple of 32"
+        );
+        assert_eq!(Geometry::new(448, 16, 2, 2).unwrap().n_tokens(), 196);
+    }
+
+    /// Independent reference: the flat output index decomposed as the HF processor's
+    /// reshape `(C, gh/m, m, P, gw/m, m, P)` → transpose `(gh/m, gw/m, m, m, C, [T], P, P)`.
+    #[test]
+    fn patch_order_matches_the_reshape_transpose_definition() {
+        let geom = Geometry::new(8, 2, 2, 2).unwrap();
+        let data: Vec<u8> = (0..8 * 8 * 3).map(|i| (i * 7 % 256) as u8).collect();
+        let img = RgbImage::new(8, 8, data.clone()).unwrap();
+        let mean = [0.1, 0.2, 0.3];
+        let std = [0.5, 0.25, 2.0];
+        let pv = patchify_merged(&img, &geom, mean, std).unwrap();
+        assert_eq!((pv.rows, pv.row_len), (16, 24));
+        let (p, m, t, g) = (2, 2, 2, 2);
+        for (idx, &v) in pv.data.iter().enumerate() {
+            let mut r = idx;
+            let px = r % p;
+            r /= p;
+            let py = r % p;
+            r /= p;
+            let _frame = r % t;
+            r /= t;
+            let c = r % 3;
+            r /= 3;
+            let mw = r % m;
+            r /= m;
+            let mh = r % m;
+            r /= m;
+            let bw = r % g;
+            let bh = r / g;
+            let y = (bh * m + mh) * p + py;
+            let x = (bw * m + mw) * p + px;
+            let raw = f32::from(data[(y * 8 + x) * 3 + c]);
+            let want = (raw / 255.0 - mean[c]) / std[c];
+            assert!((v - want).abs() < 1e-6, "idx {idx}: {v} vs {want}");
+        }
+    }
+
+    #[test]
+    fn preprocess_resizes_any_frame_to_the_bucket() {
+        let geom = Geometry::new(32, 4, 2, 2).unwrap();
+        let img = RgbImage::new(50, 20, vec![255; 50 * 20 * 3]).unwrap();
+        let pv = preprocess(&img, &geom, [0.5; 3], [0.5; 3]).unwrap();
+        assert_eq!(pv.rows, 64);
+        assert!(pv.data.iter().all(|&v| v == 1.0));
+        let wrong = RgbImage::new(31, 32, vec![0; 31 * 32 * 3]).unwrap();
+        assert!(patchify_merged(&wrong, &geom, [0.5; 3], [0.5; 3]).is_err());
+    }
+}

@@ -1,0 +1,134 @@
+//! `vlm make-sim-package` (issue 4 item 4): the pinned flags reach the package, and the
+//! package it writes opens through the BPU path on the simulator with the requested variant.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bpu_sim::{Sim, SimConfig};
+use vlm::bpu::{BpuBackend, BpuOptions};
+use vlm::engine::Backend;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tools/fixtures/models")
+        .join(name)
+}
+
+fn make(out: &Path, extra: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_vlm"))
+        .args(["make-sim-package", "--hf"])
+        .arg(fixture("tiny-sym"))
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn defaults_write_the_published_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pkg");
+    let o = make(&out, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in [
+        "model.json",
+        "model.hbm",
+        "model_prefill.hbm",
+        "visual.hbm",
+        "embed_tokens.bin",
+        "tokenizer.json",
+    ] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    let j: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("model.json")).unwrap()).unwrap();
+    for key in [
+        "arch",
+        "graph",
+        "hbm",
+        "hbm_prefill",
+        "embed",
+        "tokenizer",
+        "visual",
+        "eos",
+        "chat",
+        "rope_theta",
+        "mrope_section",
+        "mrope_interleaved",
+        "vision",
+        "cache_len",
+        "prefill_pads",
+        "prefill_min_tail",
+        "dialect",
+        "image_token_id",
+    ] {
+        assert!(j.get(key).is_some(), "model.json lacks {key}: {j}");
+    }
+    assert_eq!(j["prefill_pads"], false);
+
+    let _sim = {
+        let s = Sim::new(SimConfig::default());
+        s.install();
+        s
+    };
+    let b = BpuBackend::open(&out, &BpuOptions::default()).unwrap();
+    let cfg: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(fixture("tiny-sym").join("config.json")).unwrap())
+            .unwrap();
+    let heads = cfg["text_config"]["num_attention_heads"].as_u64().unwrap() as usize;
+    assert_eq!(b.info().prefill_chunk, 32);
+    assert_eq!(b.info().mask_heads, heads);
+    assert_eq!(b.logits_format().0, hbdnn::DType::F32);
+}
+
+#[test]
+fn variant_flags_change_the_graphs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pkg");
+    let o = make(
+        &out,
+        &[
+            "--cache-len",
+            "128",
+            "--prefill-chunk",
+            "16",
+            "--mask-heads",
+            "1",
+            "--logits",
+            "s16",
+            "--prefill-in",
+            "none",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!out.join("model_prefill.hbm").exists());
+    let _sim = {
+        let s = Sim::new(SimConfig::default());
+        s.install();
+        s
+    };
+    let b = BpuBackend::open(&out, &BpuOptions::default()).unwrap();
+    assert_eq!(b.info().context, 128);
+    assert_eq!(b.info().mask_heads, 1);
+    assert_eq!(b.info().prefill_chunk, 0, "no prefill graph → stepping");
+    assert_eq!(b.logits_format().0, hbdnn::DType::S16);
+}
+
+#[test]
+fn bad_flags_fail_with_a_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = make(&tmp.path().join("a"), &["--mask-heads", "3"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--mask-heads"));
+    let o = Command::new(env!("CARGO_BIN_EXE_vlm"))
+        .args(["make-sim-package", "--hf"])
+        .arg(tmp.path().join("no-such-checkpoint"))
+        .arg("--out")
+        .arg(tmp.path().join("b"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no-such-checkpoint"));
+}
