@@ -134,8 +134,9 @@ fn to_rope(p: &Pos3) -> qwen35::Pos3 {
 
 /// Any device failure fails the request; the state (the input cache set) is left untouched.
 fn device(what: &str, e: hbdnn::Error) -> EngineError {
-    EngineError::Config {
-        reason: format!("BPU {what} failed: {e}"),
+    EngineError::Bpu {
+        what: what.to_owned(),
+        source: e,
     }
 }
 

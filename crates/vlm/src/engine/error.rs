@@ -39,6 +39,13 @@ pub enum EngineError {
     Config { reason: String },
     #[error("CPU model: {0}")]
     Cpu(#[from] qwen35::Error),
+    /// A BPU call (board runtime or simulator) failed; `what` names the step of the request.
+    #[error("BPU {what} failed: {source}")]
+    Bpu {
+        what: String,
+        #[source]
+        source: hbdnn::Error,
+    },
     #[error("image preprocessing: {0}")]
     Vision(#[from] VisionError),
     #[error("sampler: {0}")]
