@@ -1,34 +1,312 @@
-//! Handling of `/ask` and `/vlm/cancel` requests.
-//!
-//! No engine is attached yet, so every question is refused with `not_ready` and no request
-//! is ever queued or running; nothing here pretends to answer.
+//! `/ask` and `/vlm/cancel`: validate a request, pick its image, admit it to the bounded
+//! queue and hand it to the engine thread. Nothing here blocks on inference: a refused
+//! request is answered at once, an admitted one by the engine when it finishes.
 
-use crate::interface::error_code;
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camera_frame::{max_age_from_secs, CameraCache, Limits};
+use serde_json::Value;
+use vlm::sampler::SamplingParams;
+
+use crate::cameras::{frame_from_compressed, frame_from_image};
+use crate::engine::{Images, Job, JobPlan};
+use crate::interface::{enable_thinking, error_code};
 use crate::msgs::srv::{Ask, Cancel};
+use crate::params::{Params, MAX_NEW_TOKENS_LIMIT};
+use crate::registry::{AdmitError, Registry};
 
-/// The message sent with `not_ready` while the node has no engine.
-pub const NOT_READY_MESSAGE: &str =
-    "no model is loaded: this build of vlm_node has no inference engine attached yet, \
-     so it cannot answer questions";
+/// The camera name that asks for a text-only answer.
+pub const NO_CAMERA: &str = "none";
 
-/// Response to an Ask request while no model is loaded.
-pub fn not_ready_response(request: &Ask::Request) -> Ask::Response {
+/// Everything an ask handler needs, shared by all requests.
+pub struct AskContext {
+    pub params: Params,
+    /// `None` when the node runs without vision.
+    pub cameras: Option<Arc<CameraCache>>,
+    pub registry: Arc<Registry>,
+    /// The engine's queue; `None` once the node is shutting down.
+    pub jobs: std::sync::Mutex<Option<Sender<Job>>>,
+}
+
+impl AskContext {
+    /// Closes the queue: later asks are refused, the engine ends after the queued ones.
+    pub fn close(&self) {
+        if let Ok(mut g) = self.jobs.lock() {
+            g.take();
+        }
+    }
+}
+
+/// A refusal before the request reaches the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn invalid(message: impl Into<String>) -> Refusal {
+    Refusal {
+        code: error_code::INVALID_REQUEST,
+        message: message.into(),
+    }
+}
+
+/// The response to a refused request.
+pub fn refusal_response(request_id: String, r: Refusal) -> Ask::Response {
     Ask::Response {
         success: false,
-        error_code: error_code::NOT_READY.to_owned(),
-        error_message: NOT_READY_MESSAGE.to_owned(),
-        request_id: request.request_id.clone(),
+        error_code: r.code.to_owned(),
+        error_message: r.message,
+        request_id,
         ..Default::default()
     }
 }
 
-/// Response to a Cancel request while no request can be queued or running.
-pub fn cancel_unknown_response(request: &Cancel::Request) -> Cancel::Response {
-    Cancel::Response {
-        success: false,
-        message: format!(
-            "no queued or running request has id {:?} (no model is loaded, so none can)",
-            request.request_id
+/// `-1` (the field's default) = the node's value; anything else must pass `ok`.
+fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Result<f32, Refusal> {
+    if v == -1.0 {
+        Ok(default)
+    } else if v.is_finite() && ok(v) {
+        Ok(v)
+    } else {
+        Err(invalid(format!("{name} {v} is out of range")))
+    }
+}
+
+/// Time limit from the request (`-1` = the parameter, `0` = none).
+fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Refusal> {
+    let s = if v == -1.0 { default } else { v };
+    max_age_from_secs(s).map_err(|_| {
+        invalid(format!(
+            "{name} {v} must be -1, 0 or a positive number of seconds"
+        ))
+    })
+}
+
+/// The sampling settings of a request over the node's defaults.
+pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Refusal> {
+    let s = SamplingParams {
+        temperature: float_or(req.temperature, p.temperature, "temperature", |x| x >= 0.0)?,
+        top_p: float_or(req.top_p, p.top_p, "top_p", |x| x > 0.0 && x <= 1.0)?,
+        min_p: float_or(req.min_p, p.min_p, "min_p", |x| (0.0..=1.0).contains(&x))?,
+        repetition_penalty: float_or(
+            req.repetition_penalty,
+            p.repetition_penalty,
+            "repetition_penalty",
+            |x| x > 0.0,
+        )?,
+        presence_penalty: if req.presence_penalty < 0.0 {
+            p.presence_penalty
+        } else if req.presence_penalty.is_finite() && req.presence_penalty <= 100.0 {
+            req.presence_penalty
+        } else {
+            return Err(invalid(format!(
+                "presence_penalty {} is out of range",
+                req.presence_penalty
+            )));
+        },
+        top_k: match req.top_k {
+            -1 => p.top_k as usize,
+            k if k >= 0 => k as usize,
+            k => return Err(invalid(format!("top_k {k} must be -1 or >= 0"))),
+        },
+        seed: match req.seed {
+            -1 => p.seed,
+            s if s >= 0 => Some(s as u64),
+            s => return Err(invalid(format!("seed {s} must be -1 or >= 0"))),
+        },
+        ..SamplingParams::default()
+    };
+    s.validate().map_err(|e| invalid(e.to_string()))?;
+    Ok(s)
+}
+
+/// Checks a request and builds its job (without the queue slot and response channel).
+pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPlan, Refusal> {
+    let p = &ctx.params;
+    if req.prompt.trim().is_empty() {
+        return Err(invalid("the prompt is empty"));
+    }
+    if req.max_new_tokens > MAX_NEW_TOKENS_LIMIT {
+        return Err(invalid(format!(
+            "max_new_tokens {} is above the limit of {MAX_NEW_TOKENS_LIMIT}",
+            req.max_new_tokens
+        )));
+    }
+    let thinking = match req.enable_thinking {
+        enable_thinking::DEFAULT => p.enable_thinking,
+        enable_thinking::OFF => false,
+        enable_thinking::ON => true,
+        v => return Err(invalid(format!("enable_thinking {v} must be -1, 0 or 1"))),
+    };
+    let sampling = sampling(req, p)?;
+    let timeout = limit_secs(req.timeout_s, p.request_timeout_s, "timeout_s")?;
+    let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
+    let tools = if req.tools_json.trim().is_empty() {
+        Vec::new()
+    } else {
+        match serde_json::from_str::<Value>(&req.tools_json) {
+            Ok(Value::Array(a)) if a.iter().all(Value::is_object) => a,
+            Ok(_) => return Err(invalid("tools_json must be a JSON array of objects")),
+            Err(e) => return Err(invalid(format!("tools_json is not JSON: {e}"))),
+        }
+    };
+    if req.stop.iter().any(String::is_empty) {
+        return Err(invalid("stop strings must not be empty"));
+    }
+    let images = pick_images(req, ctx, max_age, now)?;
+    Ok(JobPlan {
+        prompt: req.prompt.clone(),
+        images,
+        session_id: Some(req.session_id.clone()).filter(|s| !s.is_empty()),
+        system: Some(req.system_prompt.clone())
+            .filter(|s| !s.trim().is_empty())
+            .or_else(|| p.system_prompt.clone()),
+        tools,
+        sampling,
+        thinking,
+        max_new_tokens: if req.max_new_tokens == 0 {
+            p.max_new_tokens as usize
+        } else {
+            req.max_new_tokens as usize
+        },
+        stop: req.stop.clone(),
+        use_default_stop: req.use_default_stop,
+        deadline: timeout.map(|t| now + t),
+    })
+}
+
+fn pick_images(
+    req: &Ask::Request,
+    ctx: &AskContext,
+    max_age: Option<Duration>,
+    now: Instant,
+) -> Result<Images, Refusal> {
+    let explicit = !req.images.is_empty() || !req.compressed_images.is_empty();
+    let Some(cache) = &ctx.cameras else {
+        if explicit {
+            return Err(invalid(
+                "this node runs without vision (parameter vision: false)",
+            ));
+        }
+        return Ok(Images::None);
+    };
+    if explicit {
+        let limits = Limits::default();
+        let mut frames = Vec::new();
+        for (i, m) in req.images.iter().enumerate() {
+            frames.push(
+                frame_from_image(m.clone(), &limits)
+                    .map_err(|e| invalid(format!("images[{i}]: {e}")))?,
+            );
+        }
+        for (i, m) in req.compressed_images.iter().enumerate() {
+            frames.push(
+                frame_from_compressed(m.clone(), &limits)
+                    .map_err(|e| invalid(format!("compressed_images[{i}]: {e}")))?,
+            );
+        }
+        return Ok(Images::Request(frames));
+    }
+    let camera = req.camera.trim();
+    if camera == NO_CAMERA {
+        return Ok(Images::None);
+    }
+    let name = (!camera.is_empty()).then_some(camera);
+    cache
+        .select(name, max_age, now)
+        .map(Images::Camera)
+        .map_err(|e| Refusal {
+            code: e.code(),
+            message: e.to_string(),
+        })
+}
+
+/// Handles one Ask request to its response.
+pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
+    let now = Instant::now();
+    let id = if req.request_id.is_empty() {
+        ctx.registry.fresh_id()
+    } else {
+        req.request_id.clone()
+    };
+    let plan = match plan(&req, &ctx, now) {
+        Ok(p) => p,
+        Err(r) => {
+            tracing::info!(request_id = %id, code = r.code, "ask refused: {}", r.message);
+            return refusal_response(id, r);
+        }
+    };
+    let cancel = match ctx.registry.admit(&id) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = match e {
+                AdmitError::Busy { .. } => error_code::BUSY,
+                AdmitError::DuplicateId(_) => error_code::INVALID_REQUEST,
+            };
+            tracing::info!(request_id = %id, code, "ask refused: {e}");
+            return refusal_response(
+                id,
+                Refusal {
+                    code,
+                    message: e.to_string(),
+                },
+            );
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Job {
+        id: id.clone(),
+        plan,
+        arrived: now,
+        cancel,
+        respond: tx,
+    };
+    let sent = ctx
+        .jobs
+        .lock()
+        .map_err(|_| ())
+        .and_then(|s| match s.as_ref() {
+            Some(s) => s.send(job).map_err(|_| ()),
+            None => Err(()),
+        });
+    if sent.is_err() {
+        ctx.registry.remove(&id);
+        return refusal_response(
+            id,
+            Refusal {
+                code: error_code::NOT_READY,
+                message: "the engine is shutting down".into(),
+            },
+        );
+    }
+    tracing::debug!(request_id = %id, "ask queued");
+    match rx.await {
+        Ok(r) => r,
+        Err(_) => refusal_response(
+            id,
+            Refusal {
+                code: error_code::BACKEND_ERROR,
+                message: "the engine stopped before answering".into(),
+            },
         ),
+    }
+}
+
+/// Handles one Cancel request.
+pub fn cancel(req: &Cancel::Request, registry: &Registry) -> Cancel::Response {
+    if registry.cancel(&req.request_id) {
+        tracing::info!(request_id = %req.request_id, "cancel requested");
+        Cancel::Response {
+            success: true,
+            message: format!("request {:?} is being cancelled", req.request_id),
+        }
+    } else {
+        Cancel::Response {
+            success: false,
+            message: format!("no queued or running request has id {:?}", req.request_id),
+        }
     }
 }

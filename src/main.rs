@@ -1,9 +1,9 @@
-//! `vlm_node`: the bpu_vlm ROS 2 node. Creates its entities, spins, and exits cleanly on
-//! SIGINT or SIGTERM. ROS arguments (`--ros-args ...`) are read by rcl from the command line.
-//! Logs go to stderr through `tracing` (`RUST_LOG`, default `info`).
+//! `vlm_node`: the bpu_vlm ROS 2 node. Reads its parameters, opens the model on an engine
+//! thread, serves `/ask` once it is warm, and exits cleanly on SIGINT or SIGTERM. ROS
+//! arguments (`--ros-args ...`) are read by rcl from the command line. Logs go to stderr
+//! through `tracing` (`RUST_LOG`, default `info`).
 
 use anyhow::Context as _;
-use bpu_vlm::node::{NodeConfig, VlmNode};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
@@ -30,8 +30,6 @@ async fn run() -> anyhow::Result<()> {
 
     let ctx = r2r::Context::create().context("initialising ROS 2 (rcl)")?;
     tracing::info!(ros_distro = r2r::ROS_DISTRO, "r2r context created");
-    let node = VlmNode::create(ctx, &NodeConfig::default()).context("creating vlm_node")?;
-
     let shutdown = async move {
         let name = tokio::select! {
             _ = sigint.recv() => "SIGINT",
@@ -39,5 +37,7 @@ async fn run() -> anyhow::Result<()> {
         };
         tracing::info!("{name} received");
     };
-    node.run(shutdown).await.context("running vlm_node")
+    bpu_vlm::node::run(ctx, shutdown)
+        .await
+        .context("running vlm_node")
 }

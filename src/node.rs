@@ -1,30 +1,43 @@
-//! Entity creation, the spin thread and orderly shutdown.
+//! Entity creation, the spin thread, the engine thread and orderly shutdown.
 //!
-//! Order (r2r's rule: create every entity first, then hand the `Node` to one thread):
-//! 1. node, publishers and services are created on the caller's thread;
-//! 2. one `ros-spin` thread owns the `Node` and calls `spin_once` until told to stop;
-//! 3. one tokio task per service drains its request stream and responds without blocking;
-//! 4. on shutdown the spin thread stops and drops the node (services and DDS entities are
-//!    finalised, so Fast DDS releases its shared-memory segments), the request streams end
-//!    and the tasks finish.
+//! Start-up order:
+//! 1. node, parameters, publishers, camera subscriptions and `/vlm/cancel` are created on the
+//!    caller's thread; one `ros-spin` thread then owns the `r2r::Node` (later node operations
+//!    run on it through [`NodeOps`]);
+//! 2. the `vlm-engine` thread opens the model and warms it up (diagnostics say `loading`);
+//! 3. only then is `/ask` created, so a client that sees the service can be answered.
+//!
+//! Shutdown (SIGINT/SIGTERM): every live request is cancelled (each gets its `last` Token
+//! and a `cancelled` response), the queue is closed, the engine thread releases the model
+//! (BPU handles), then the spin thread drops the node (DDS entities finalised).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
-use r2r::{Publisher, QosProfile, ServiceRequest};
+use camera_frame::{CacheConfig, CameraCache};
+use futures::StreamExt;
+use r2r::{QosProfile, ServiceRequest};
+use vlm::assistant::{Assistant, ModelSource, OpenOptions};
 
-use crate::ask;
+use crate::ask::{self, AskContext};
+use crate::cameras::{self, CameraMsg};
+use crate::diagnostics;
+use crate::embedded;
+use crate::engine::{self, EngineConfig, EngineStats, Outputs, SharedStats};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
-use crate::names::{EntityNames, ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
+use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
+use crate::params::{BackendChoice, Params};
+use crate::registry::Registry;
 
-/// How long one `spin_once` may wait; bounds how fast the spin thread notices a stop. The
-/// wait set wakes on any event, so this adds no latency to messages or requests.
-const SPIN_PERIOD: Duration = Duration::from_millis(20);
+/// How long one `spin_once` may wait; bounds how fast the spin thread notices a stop or a
+/// queued node operation. The wait set wakes on any event, so messages are not delayed.
+const SPIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// Errors that stop the node from starting or shutting down cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -35,16 +48,18 @@ pub enum NodeError {
         #[source]
         source: r2r::Error,
     },
-    #[error("could not start the ROS spin thread: {0}")]
-    SpinThread(#[source] std::io::Error),
-    #[error("the ROS spin thread panicked")]
-    SpinPanicked,
-    #[error("the {service} handler task failed: {source}")]
-    Task {
-        service: &'static str,
-        #[source]
-        source: tokio::task::JoinError,
-    },
+    #[error(transparent)]
+    Param(#[from] crate::params::ParamError),
+    #[error("camera topics: {0}")]
+    Cameras(#[from] camera_frame::CacheConfigError),
+    #[error("could not start the {0} thread: {1}")]
+    Thread(&'static str, #[source] std::io::Error),
+    #[error("the {0} thread panicked")]
+    Panicked(&'static str),
+    #[error("the model could not be loaded: {0}")]
+    Model(String),
+    #[error("the ROS spin thread is gone")]
+    SpinGone,
 }
 
 fn ros<T>(action: impl FnOnce() -> String, result: r2r::Result<T>) -> Result<T, NodeError> {
@@ -52,24 +67,6 @@ fn ros<T>(action: impl FnOnce() -> String, result: r2r::Result<T>) -> Result<T, 
         action: action(),
         source,
     })
-}
-
-/// Settings of one node instance.
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    pub node_name: String,
-    pub namespace: String,
-    pub names: EntityNames,
-}
-
-impl Default for NodeConfig {
-    fn default() -> Self {
-        Self {
-            node_name: NODE_NAME.to_owned(),
-            namespace: String::new(),
-            names: EntityNames::default(),
-        }
-    }
 }
 
 /// QoS of `/vlm/tokens`: reliable with a deep history, so no delta of an answer is lost.
@@ -86,129 +83,26 @@ pub fn answers_qos() -> QosProfile {
         .keep_last(ANSWERS_HISTORY_DEPTH)
 }
 
-/// Where answers are published. Held by the request handlers; the engine streams into it.
-pub struct Outputs {
-    pub tokens: Publisher<Token>,
-    pub answers: Publisher<Answer>,
+type NodeOp = Box<dyn FnOnce(&mut r2r::Node) + Send>;
+
+/// Runs operations on the spin thread, which owns the node.
+#[derive(Clone)]
+pub struct NodeOps {
+    tx: mpsc::Sender<NodeOp>,
 }
 
-/// The node with every entity created, not yet spinning.
-pub struct VlmNode {
-    node: r2r::Node,
-    outputs: Outputs,
-    asks: Box<dyn Stream<Item = ServiceRequest<Ask::Service>> + Send + Unpin>,
-    cancels: Box<dyn Stream<Item = ServiceRequest<Cancel::Service>> + Send + Unpin>,
-    names: EntityNames,
-}
-
-impl VlmNode {
-    /// Creates the node and all of its publishers and services.
-    pub fn create(ctx: r2r::Context, config: &NodeConfig) -> Result<Self, NodeError> {
-        let mut node = ros(
-            || format!("create node {:?}", config.node_name),
-            r2r::Node::create(ctx, &config.node_name, &config.namespace),
-        )?;
-        let names = config.names.clone();
-        let tokens = ros(
-            || format!("create publisher {}", names.tokens),
-            node.create_publisher::<Token>(&names.tokens, tokens_qos()),
-        )?;
-        let answers = ros(
-            || format!("create publisher {}", names.answers),
-            node.create_publisher::<Answer>(&names.answers, answers_qos()),
-        )?;
-        let asks = ros(
-            || format!("create service {}", names.ask),
-            node.create_service::<Ask::Service>(&names.ask, QosProfile::services_default()),
-        )?;
-        let cancels = ros(
-            || format!("create service {}", names.cancel),
-            node.create_service::<Cancel::Service>(&names.cancel, QosProfile::services_default()),
-        )?;
-        Ok(Self {
-            node,
-            outputs: Outputs { tokens, answers },
-            asks: Box::new(asks),
-            cancels: Box::new(cancels),
-            names,
-        })
-    }
-
-    /// Spins until `shutdown` completes, then stops in order (see the module doc).
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
-        let Self {
-            node,
-            outputs,
-            asks,
-            cancels,
-            names,
-        } = self;
-        let logger = node.logger().to_owned();
-        let spin = SpinThread::start(node)?;
-
-        let ask_task = tokio::spawn(serve_ask(asks, logger.clone()));
-        let cancel_task = tokio::spawn(serve_cancel(cancels));
-        tracing::info!(
-            ask = %names.ask,
-            cancel = %names.cancel,
-            tokens = %names.tokens,
-            answers = %names.answers,
-            "vlm_node is up; no inference engine is attached yet: /ask answers not_ready"
-        );
-        r2r::log_info!(
-            &logger,
-            "vlm_node is up (no inference engine attached yet: {} answers not_ready)",
-            names.ask
-        );
-
-        shutdown.await;
-        tracing::info!("shutting down: stopping the spin thread and finalising ROS entities");
-        let spin_result = spin.stop();
-        // The node is gone, so the request streams end and the tasks return.
-        let ask_result = ask_task.await;
-        let cancel_result = cancel_task.await;
-        drop(outputs);
-        spin_result?;
-        ask_result.map_err(|source| NodeError::Task {
-            service: "ask",
-            source,
-        })?;
-        cancel_result.map_err(|source| NodeError::Task {
-            service: "cancel",
-            source,
-        })?;
-        tracing::info!("vlm_node stopped cleanly");
-        Ok(())
-    }
-}
-
-/// Answers every Ask request. A failed respond (the client went away) is logged, never fatal.
-async fn serve_ask(
-    mut asks: impl Stream<Item = ServiceRequest<Ask::Service>> + Unpin,
-    logger: String,
-) {
-    while let Some(request) = asks.next().await {
-        let response = ask::not_ready_response(&request.message);
-        tracing::warn!(
-            request_id = %request.message.request_id,
-            "refusing /ask: {}",
-            ask::NOT_READY_MESSAGE
-        );
-        r2r::log_warn!(&logger, "refusing /ask: {}", ask::NOT_READY_MESSAGE);
-        if let Err(error) = request.respond(response) {
-            tracing::warn!(%error, "could not send the /ask response");
-        }
-    }
-}
-
-/// Answers every Cancel request.
-async fn serve_cancel(mut cancels: impl Stream<Item = ServiceRequest<Cancel::Service>> + Unpin) {
-    while let Some(request) = cancels.next().await {
-        let response = ask::cancel_unknown_response(&request.message);
-        tracing::info!(request_id = %request.message.request_id, "cancel of an unknown request");
-        if let Err(error) = request.respond(response) {
-            tracing::warn!(%error, "could not send the /vlm/cancel response");
-        }
+impl NodeOps {
+    /// Runs `f` on the spin thread and returns its result (`None`: the node is gone).
+    pub async fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut r2r::Node) -> R + Send + 'static,
+    ) -> Option<R> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let op: NodeOp = Box::new(move |node| {
+            let _ = tx.send(f(node));
+        });
+        self.tx.send(op).ok()?;
+        rx.await.ok()
     }
 }
 
@@ -220,25 +114,297 @@ pub struct SpinThread {
 
 impl SpinThread {
     /// Moves `node` into a new `ros-spin` thread.
-    pub fn start(mut node: r2r::Node) -> Result<Self, NodeError> {
+    pub fn start(mut node: r2r::Node) -> Result<(Self, NodeOps), NodeError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
+        let (tx, rx) = mpsc::channel::<NodeOp>();
         let handle = std::thread::Builder::new()
             .name("ros-spin".to_owned())
             .spawn(move || {
                 while !flag.load(Ordering::Acquire) {
                     node.spin_once(SPIN_PERIOD);
+                    while let Ok(op) = rx.try_recv() {
+                        op(&mut node);
+                    }
                 }
                 // Dropping the node here finalises its entities on the thread that used them.
                 drop(node);
             })
-            .map_err(NodeError::SpinThread)?;
-        Ok(Self { stop, handle })
+            .map_err(|e| NodeError::Thread("ros-spin", e))?;
+        Ok((Self { stop, handle }, NodeOps { tx }))
     }
 
     /// Stops spinning, drops the node and waits for the thread.
     pub fn stop(self) -> Result<(), NodeError> {
         self.stop.store(true, Ordering::Release);
-        self.handle.join().map_err(|_| NodeError::SpinPanicked)
+        self.handle
+            .join()
+            .map_err(|_| NodeError::Panicked("ros-spin"))
+    }
+}
+
+/// The model the parameters ask for (the embedded one when `model_dir` is empty).
+fn model_source(p: &Params) -> Result<ModelSource, String> {
+    match (&p.model_dir, p.backend) {
+        (Some(d), BackendChoice::Cpu) => Ok(ModelSource::Hf(d.clone())),
+        (Some(d), BackendChoice::Auto) => Ok(ModelSource::Package(d.clone())),
+        (None, _) => {
+            let root = embedded::cache_root(p.cache_dir.as_deref()).map_err(|e| e.to_string())?;
+            let pkg = embedded::ensure_package(&root).map_err(|e| e.to_string())?;
+            tracing::warn!(
+                package = %pkg.display(),
+                "no model_dir given: running the EMBEDDED TINY RANDOM MODEL on the BPU SIMULATOR \
+                 (its answers are random tokens; set model_dir to a package or, with backend:=cpu, \
+                 an HF checkpoint)"
+            );
+            Ok(ModelSource::Package(pkg))
+        }
+    }
+}
+
+/// Reads the node's parameters (defaults overridden by the command line / params file) and
+/// writes the effective values back, so they are listed with the node.
+fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
+    let given: HashMap<String, r2r::ParameterValue> = {
+        let map = node.params.lock().unwrap_or_else(|e| e.into_inner());
+        map.iter()
+            .map(|(k, v)| (k.clone(), v.value.clone()))
+            .collect()
+    };
+    let params = Params::from_values(&given)?;
+    let mut map = node.params.lock().unwrap_or_else(|e| e.into_inner());
+    for (name, value) in params.effective() {
+        let description = crate::params::SPECS
+            .iter()
+            .find(|s| s.name == name)
+            .map_or("", |s| s.description);
+        map.insert(name.to_owned(), r2r::Parameter { value, description });
+    }
+    Ok(params)
+}
+
+/// Creates, runs and stops the node; returns when `shutdown` completes (or the model fails
+/// to load).
+pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+    let mut node = ros(
+        || format!("create node {NODE_NAME:?}"),
+        r2r::Node::create(ctx, NODE_NAME, ""),
+    )?;
+    let params = read_params(&mut node)?;
+    let logger = node.logger().to_owned();
+    tracing::info!(?params, "parameters");
+
+    let tokens = ros(
+        || format!("create publisher {}", params.tokens_topic),
+        node.create_publisher::<Token>(&params.tokens_topic, tokens_qos()),
+    )?;
+    let answers = ros(
+        || format!("create publisher {}", params.answers_topic),
+        node.create_publisher::<Answer>(&params.answers_topic, answers_qos()),
+    )?;
+    let diag_pub = ros(
+        || "create publisher /diagnostics".to_owned(),
+        node.create_publisher::<r2r::diagnostic_msgs::msg::DiagnosticArray>(
+            diagnostics::TOPIC,
+            QosProfile::default(),
+        ),
+    )?;
+    let cancels = ros(
+        || format!("create service {}", params.cancel_service),
+        node.create_service::<Cancel::Service>(
+            &params.cancel_service,
+            QosProfile::services_default(),
+        ),
+    )?;
+
+    let mut tasks = Vec::new();
+    let cameras = if params.vision {
+        let cache = Arc::new(CameraCache::new(
+            CacheConfig {
+                topics: cameras::topics(&params),
+                default_camera: params.default_camera(),
+                warn_interval: Duration::from_secs(5),
+            },
+            Instant::now(),
+        )?);
+        let qos = cameras::camera_qos(params.camera_qos);
+        for t in &params.image_topics {
+            let s = ros(
+                || format!("subscribe to {t}"),
+                node.subscribe::<r2r::sensor_msgs::msg::Image>(t, qos.clone()),
+            )?;
+            tasks.push(tokio::spawn(cameras::drain(
+                t.clone(),
+                s.map(CameraMsg::Raw),
+                cache.clone(),
+                logger.clone(),
+            )));
+        }
+        for t in &params.compressed_image_topics {
+            let s = ros(
+                || format!("subscribe to {t}"),
+                node.subscribe::<r2r::sensor_msgs::msg::CompressedImage>(t, qos.clone()),
+            )?;
+            tasks.push(tokio::spawn(cameras::drain(
+                t.clone(),
+                s.map(CameraMsg::Compressed),
+                cache.clone(),
+                logger.clone(),
+            )));
+        }
+        Some(cache)
+    } else {
+        None
+    };
+
+    let (spin, ops) = SpinThread::start(node)?;
+    let registry = Arc::new(Registry::new(params.queue_depth));
+    let stats: SharedStats = Arc::new(Mutex::new(EngineStats::default()));
+    tasks.push(tokio::spawn({
+        let registry = registry.clone();
+        let mut cancels = cancels;
+        async move {
+            while let Some(req) = cancels.next().await {
+                let resp = ask::cancel(&req.message, &registry);
+                if let Err(e) = req.respond(resp) {
+                    tracing::warn!(error = %e, "could not send the cancel response");
+                }
+            }
+        }
+    }));
+    tasks.push(tokio::spawn(diagnostics::run(
+        diagnostics::Diagnostics {
+            publisher: diag_pub,
+            stats: stats.clone(),
+            registry: registry.clone(),
+            cameras: cameras.clone(),
+            ops: ops.clone(),
+            logger: logger.clone(),
+        },
+        Duration::from_secs_f64(params.diagnostics_period_s),
+    )));
+
+    let (job_tx, job_rx) = mpsc::channel();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let engine_thread = {
+        let p = params.clone();
+        let registry = registry.clone();
+        let stats = stats.clone();
+        let outputs = Outputs { tokens, answers };
+        let config = EngineConfig {
+            session_memory_bytes: p.session_memory_bytes,
+            session_idle: Duration::from_secs_f64(p.session_idle_s),
+            warm_up_system: p.system_prompt.clone(),
+        };
+        std::thread::Builder::new()
+            .name("vlm-engine".to_owned())
+            .spawn(move || {
+                let open = || {
+                    let source = model_source(&p).map_err(|reason| {
+                        vlm::assistant::AssistantError::File {
+                            path: p.cache_dir.clone().unwrap_or_default(),
+                            reason,
+                        }
+                    })?;
+                    let mut opts = OpenOptions {
+                        vision: p.vision,
+                        ..OpenOptions::default()
+                    };
+                    opts.bpu.priority = p.bpu_priority;
+                    Assistant::open(&source, &opts)
+                };
+                engine::run(open, config, job_rx, outputs, registry, stats, ready_tx);
+            })
+            .map_err(|e| NodeError::Thread("vlm-engine", e))?
+    };
+
+    tokio::pin!(shutdown);
+    let loaded = tokio::select! {
+        r = ready_rx => Some(r.unwrap_or_else(|_| Err("the engine thread stopped".into()))),
+        () = &mut shutdown => None,
+    };
+    let ask_ctx = Arc::new(AskContext {
+        params: params.clone(),
+        cameras,
+        registry: registry.clone(),
+        jobs: Mutex::new(Some(job_tx)),
+    });
+    let mut result = Ok(());
+    match loaded {
+        Some(Ok(info)) => {
+            let name = params.ask_service.clone();
+            let asks = ops
+                .call(move |n| {
+                    n.create_service::<Ask::Service>(&name, QosProfile::services_default())
+                })
+                .await
+                .ok_or(NodeError::SpinGone)?;
+            let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
+            tasks.push(tokio::spawn(serve_ask(asks, ask_ctx.clone())));
+            tracing::info!(
+                model = %info.name,
+                backend = info.backend,
+                ask = %params.ask_service,
+                tokens = %params.tokens_topic,
+                "vlm_node is ready"
+            );
+            r2r::log_info!(
+                &logger,
+                "vlm_node ready: model {} on {}, service {}",
+                info.name,
+                info.backend,
+                params.ask_service
+            );
+            shutdown.await;
+        }
+        Some(Err(e)) => {
+            tracing::error!("the model could not be loaded: {e}");
+            r2r::log_error!(&logger, "the model could not be loaded: {}", e);
+            result = Err(NodeError::Model(e));
+        }
+        None => tracing::info!("shutdown requested while loading"),
+    }
+
+    tracing::info!("shutting down: cancelling live requests, releasing the model, finalising ROS");
+    // Closing the queue first: nothing is admitted after the cancel below. The engine loop
+    // ends once the (cancelled) jobs are answered.
+    ask_ctx.close();
+    let live = registry.cancel_all();
+    if live > 0 {
+        tracing::info!(live, "cancelled live requests");
+    }
+    let joined = tokio::task::spawn_blocking(move || engine_thread.join())
+        .await
+        .map_err(|_| NodeError::Panicked("vlm-engine"))
+        .and_then(|r| r.map_err(|_| NodeError::Panicked("vlm-engine")));
+    // Let reliable DDS writers hand over the final Tokens and responses before the entities go.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let spin_result = spin.stop();
+    for t in tasks {
+        t.abort();
+        let _ = t.await;
+    }
+    joined?;
+    spin_result?;
+    result?;
+    tracing::info!("vlm_node stopped cleanly");
+    Ok(())
+}
+
+/// Takes every Ask request; each is handled in its own task so a long answer never holds up
+/// the next request (which may be refused with `busy` at once).
+async fn serve_ask(
+    mut asks: impl futures::Stream<Item = ServiceRequest<Ask::Service>> + Unpin,
+    ctx: Arc<AskContext>,
+) {
+    while let Some(request) = asks.next().await {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let ServiceRequest { message, .. } = &request;
+            let response = ask::handle(message.clone(), ctx).await;
+            if let Err(error) = request.respond(response) {
+                tracing::warn!(%error, "could not send the /ask response");
+            }
+        });
     }
 }

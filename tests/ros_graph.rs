@@ -6,11 +6,7 @@
 //! localhost. Every wait has a timeout.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
 use bpu_vlm::interface::{enable_thinking, error_code, finish_reason, idl_str};
@@ -20,97 +16,11 @@ use bpu_vlm::node::{tokens_qos, SpinThread};
 use futures::StreamExt;
 use r2r::builtin_interfaces::msg::Time;
 use r2r::QosProfile;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+
+mod common;
+use common::{peer_report, ros_env, spawn_peer, unique_prefix};
 
 const PEER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Sets the process-wide ROS environment once, before any test creates a ROS context or a
-/// child process: a random domain and localhost-only discovery.
-fn ros_env() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0)
-            ^ std::process::id();
-        // Domains 1..=100 keep the DDS port range valid and avoid the default 0.
-        let domain = 1 + seed % 100;
-        // SAFETY of set_var: runs once, before any thread of this binary reads the environment
-        // through ROS (guarded by the Once every test calls first).
-        std::env::set_var("ROS_DOMAIN_ID", domain.to_string());
-        std::env::set_var("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST");
-        eprintln!("ROS_DOMAIN_ID={domain}");
-    });
-}
-
-/// A prefix no other test (in this or another process) uses.
-fn unique_prefix(test: &str) -> String {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    format!(
-        "/t{}_{}_{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed),
-        test
-    )
-}
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn peer_python() -> anyhow::Result<PathBuf> {
-    let python = std::env::var_os("BPU_VLM_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join(".ros2/venv/bin/python"));
-    ensure!(
-        python.exists(),
-        "{} is missing: run `bash tools/ros2-bootstrap.sh && source .ros2/setup.bash`",
-        python.display()
-    );
-    Ok(python)
-}
-
-fn spawn_peer(args: &[&str]) -> anyhow::Result<Child> {
-    let mut cmd = Command::new(peer_python()?);
-    cmd.arg(repo_root().join("tests/peers/ros_peer.py"))
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true);
-    cmd.spawn().context("starting the rclpy peer")
-}
-
-/// Waits (bounded) for the peer to exit; returns its JSON report. Fails if the peer failed.
-async fn peer_report(mut peer: Child, limit: Duration) -> anyhow::Result<serde_json::Value> {
-    let stdout = peer.stdout.take().context("peer stdout")?;
-    let read = async {
-        let mut lines = BufReader::new(stdout).lines();
-        let mut report = None;
-        let mut ok = false;
-        while let Some(line) = lines.next_line().await? {
-            if let Some(json) = line.strip_prefix("REPORT ") {
-                report = Some(serde_json::from_str::<serde_json::Value>(json)?);
-            } else if line == "PEER OK" {
-                ok = true;
-            } else {
-                eprintln!("peer: {line}");
-            }
-        }
-        let status = peer.wait().await?;
-        anyhow::Ok((report, ok, status))
-    };
-    let (report, ok, status) = tokio::time::timeout(limit, read)
-        .await
-        .context("the rclpy peer did not finish in time")??;
-    ensure!(
-        status.success() && ok,
-        "the rclpy peer failed ({status}); its checks are printed above"
-    );
-    report.context("the peer printed no report")
-}
 
 /// The deltas the test node streams for a request: multi-byte UTF-8 of every width, a
 /// ZWJ emoji sequence, a combining accent, an empty final delta, a long one.
@@ -305,7 +215,7 @@ async fn tokens_and_services_reach_an_rclpy_peer_intact() -> anyhow::Result<()> 
         node.create_service::<Ask::Service>(&ask_name, QosProfile::services_default())?;
     let mut cancels =
         node.create_service::<Cancel::Service>(&cancel_name, QosProfile::services_default())?;
-    let spin = SpinThread::start(node)?;
+    let (spin, _ops) = SpinThread::start(node)?;
 
     let peer = spawn_peer(&[
         "roundtrip",
@@ -389,71 +299,5 @@ async fn tokens_and_services_reach_an_rclpy_peer_intact() -> anyhow::Result<()> 
         responses, &sent_responses,
         "service responses as the peer got them"
     );
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vlm_node_refuses_honestly_and_stops_on_sigterm() -> anyhow::Result<()> {
-    ros_env();
-    let prefix = unique_prefix("node");
-    let names = [
-        ("/ask", format!("{prefix}/ask")),
-        ("/vlm/cancel", format!("{prefix}/vlm/cancel")),
-        ("/vlm/tokens", format!("{prefix}/vlm/tokens")),
-        ("/vlm/answers", format!("{prefix}/vlm/answers")),
-    ];
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
-    cmd.arg("--ros-args");
-    for (from, to) in &names {
-        cmd.arg("-r").arg(format!("{from}:={to}"));
-    }
-    let mut node = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting vlm_node")?;
-    let stderr = node.stderr.take().context("vlm_node stderr")?;
-    let log = tokio::spawn(async move {
-        let mut all = String::new();
-        let mut lines = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("vlm_node: {line}");
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-
-    let peer = spawn_peer(&[
-        "node",
-        "--ask",
-        &names[0].1,
-        "--cancel",
-        &names[1].1,
-        "--tokens",
-        &names[2].1,
-        "--answers",
-        &names[3].1,
-        "--timeout",
-        "45",
-    ])?;
-    let report = peer_report(peer, PEER_TIMEOUT).await?;
-    assert_eq!(report["ask"]["error_code"], "not_ready");
-    assert_eq!(report["ask"]["success"], false);
-
-    let pid = node.id().context("vlm_node exited early")?;
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    ensure!(status.success(), "kill -TERM failed");
-    let exit = tokio::time::timeout(Duration::from_secs(15), node.wait())
-        .await
-        .context("vlm_node did not exit within 15 s of SIGTERM")??;
-    let log = tokio::time::timeout(Duration::from_secs(5), log).await??;
-    assert!(exit.success(), "vlm_node exit status {exit}");
-    assert!(log.contains("SIGTERM received"), "log:\n{log}");
-    assert!(log.contains("vlm_node stopped cleanly"), "log:\n{log}");
     Ok(())
 }

@@ -9,6 +9,10 @@ pub const FAULTS_ENV: &str = "BPU_SIM_FAULTS";
 pub const POOL_ENV: &str = "BPU_SIM_POOL_MB";
 /// Env var: timing model, `off`, `s100p`, or `decode=ms,prefill=ms,visual=ms`.
 pub const TIMING_ENV: &str = "BPU_SIM_TIMING";
+/// Env var: the simulated platform's BPU march (default [`PLATFORM_MARCH`]).
+pub const MARCH_ENV: &str = "BPU_SIM_MARCH";
+/// The march of the RDK S100P, which the simulator stands for.
+pub const PLATFORM_MARCH: &str = "nash-m";
 
 /// What an injected fault does.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,9 +196,11 @@ pub struct TimingModel {
 impl TimingModel {
     /// Latencies derived from the contract §10.4 for a model of text hidden size `hidden`:
     /// decode = 1 / published tok/s of the ctx4k package of that size (0.8B 18.52, 2B 13.20,
-    /// 4B 6.14 tok/s); prefill chunk = 32 rows at 1/76 of the 0.8B stepping cost (68.5 ms)
-    /// scaled by the decode ratio; tower 0.36 s (the 448 px measurement, an upper bound for
-    /// 320 px). Inferred numbers, not board measurements of these graphs.
+    /// 4B 6.14 tok/s); prefill chunk: 4B = the measured full 32-row chunk of the published
+    /// ctx4k package (739 ms, seed package, 2026-11 update table), smaller sizes = 32 rows at
+    /// 1/76 of the 0.8B stepping cost (68.5 ms) scaled by the decode ratio (inferred; the 4B
+    /// measurement shows this scaling underestimates large models ~8×); tower 0.36 s (the
+    /// 448 px measurement, an upper bound for 320 px).
     pub fn s100p(hidden: usize) -> Self {
         let tps = match hidden {
             0..=1024 => 18.52,
@@ -203,7 +209,11 @@ impl TimingModel {
         };
         let decode = 1.0 / tps;
         let ratio = decode / (1.0 / 18.52);
-        let prefill = 32.0 * (0.0685 / 76.0) * ratio;
+        let prefill = if hidden > 2048 {
+            0.739
+        } else {
+            32.0 * (0.0685 / 76.0) * ratio
+        };
         Self {
             decode: Duration::from_secs_f64(decode),
             prefill: Duration::from_secs_f64(prefill),
@@ -257,6 +267,9 @@ pub struct SimConfig {
     pub pool_bytes: Option<u64>,
     pub faults: FaultPlan,
     pub timing: Option<TimingModel>,
+    /// Platform march (`None` = [`PLATFORM_MARCH`]); containers compiled for another are
+    /// refused at load with `HB_UCP_MODEL_INCOMPATIBLE`, as hbDNN does.
+    pub march: Option<String>,
 }
 
 impl SimConfig {
@@ -277,7 +290,15 @@ impl SimConfig {
         if let Ok(v) = std::env::var(TIMING_ENV) {
             c.timing = TimingModel::parse(&v)?;
         }
+        if let Ok(v) = std::env::var(MARCH_ENV) {
+            c.march = Some(v.trim().to_owned());
+        }
         Ok(c)
+    }
+
+    /// The platform march this configuration simulates.
+    pub fn platform_march(&self) -> &str {
+        self.march.as_deref().unwrap_or(PLATFORM_MARCH)
     }
 }
 
@@ -325,6 +346,7 @@ mod tests {
         assert!((small.decode.as_secs_f64() - 1.0 / 18.52).abs() < 1e-9);
         let s = TimingModel::s100p(2560);
         assert!((s.decode.as_secs_f64() - 1.0 / 6.14).abs() < 1e-9);
+        assert!((s.prefill.as_secs_f64() - 0.739).abs() < 1e-9);
         assert!(TimingModel::parse("decode").is_err());
     }
 }

@@ -118,9 +118,15 @@ pub struct Header {
     /// The HF `config.json` of the source checkpoint (text graphs and the tower need it).
     #[serde(default)]
     pub config: Option<serde_json::Value>,
-    /// False for a `--no-weights` package: graphs produce zeros and only timing is modelled.
+    /// False for a `--no-weights` package: only timing is modelled; text graphs emit a fixed
+    /// synthetic logits output, nothing else is written.
     #[serde(default = "yes")]
     pub has_weights: bool,
+    /// BPU architecture the graphs were compiled for (`nash-m` = S100/S100P, `nash-e` = S100
+    /// J6E, `nash-p` = S600); `None` (older containers) = any. An optional key, so version 1
+    /// containers without it stay readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub march: Option<String>,
 }
 
 fn yes() -> bool {
@@ -302,6 +308,7 @@ mod tests {
             }],
             config: None,
             has_weights: true,
+            march: Some("nash-m".into()),
         }
     }
 

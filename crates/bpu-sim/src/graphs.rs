@@ -232,6 +232,37 @@ pub(crate) fn build(
     }
 }
 
+/// A fixed LM-shaped logits output for a graph without weights: most logits uniform in
+/// [-2, 2), one in a thousand raised by 12 (a few clear candidates, as a language model
+/// gives), every row the same. Deterministic (splitmix64), so runs are reproducible.
+pub(crate) fn synthetic_logits(t: &TensorDesc, kind: LogitsType, scale: f32) -> Vec<u8> {
+    let rank = t.shape.len();
+    let vocab = t.shape[rank - 1] as usize;
+    let rows: usize = t.shape[..rank - 1].iter().map(|&d| d as usize).product();
+    let mut state = 0x5eed_0f10_9175_u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let row: Vec<f32> = (0..vocab)
+        .map(|_| {
+            let (u, v) = (next(), next() * 4.0 - 2.0);
+            if u < 0.001 {
+                v + 12.0
+            } else {
+                v
+            }
+        })
+        .collect();
+    let data: Vec<f32> = (0..rows).flat_map(|_| row.iter().copied()).collect();
+    let mut bytes = vec![0u8; crate::container::byte_size(t)];
+    write_out(t, &mut bytes, &data, kind, scale);
+    bytes
+}
+
 fn write_out(t: &TensorDesc, bytes: &mut [u8], data: &[f32], kind: LogitsType, scale: f32) {
     match kind {
         LogitsType::F32 => write_f32(t, bytes, data),

@@ -10,6 +10,10 @@ pub(crate) trait Kernel: Send {
         true
     }
     fn run(&self, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), String>;
+    /// Bytes written to output 0 by a graph that `!needs_data` (its constant result).
+    fn fixed_output0(&self) -> Option<&[u8]> {
+        None
+    }
 }
 
 pub(crate) fn build(
@@ -18,7 +22,15 @@ pub(crate) fn build(
     loaded: &mut Option<std::sync::Arc<crate::graphs::Loaded>>,
 ) -> Result<Box<dyn Kernel>, String> {
     if !c.header.has_weights {
-        return Ok(Box::new(TimingOnly));
+        let logits = match &desc.kind {
+            GraphKind::Qwen35Text(p) => Some(crate::graphs::synthetic_logits(
+                &desc.outputs[0],
+                p.logits,
+                p.logits_scale,
+            )),
+            _ => None,
+        };
+        return Ok(Box::new(TimingOnly { logits }));
     }
     match &desc.kind {
         GraphKind::Affine { mul, add } => {
@@ -28,11 +40,19 @@ pub(crate) fn build(
     }
 }
 
-struct TimingOnly;
+/// A graph of a `--no-weights` package: only its time is modelled. Text graphs still emit a
+/// fixed synthetic logits output (so a sampler sees a realistic distribution); caches and the
+/// tower output are left untouched.
+struct TimingOnly {
+    logits: Option<Vec<u8>>,
+}
 
 impl Kernel for TimingOnly {
     fn needs_data(&self) -> bool {
         false
+    }
+    fn fixed_output0(&self) -> Option<&[u8]> {
+        self.logits.as_deref()
     }
     fn run(&self, _: &[&[u8]], _: &mut [&mut [u8]]) -> Result<(), String> {
         Ok(())

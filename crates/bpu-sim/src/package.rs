@@ -53,6 +53,8 @@ pub struct PackageOptions {
     pub prefill_pads: bool,
     /// `prefill_min_tail` written with `--prefill-pads` (default: the chunk size).
     pub prefill_min_tail: Option<usize>,
+    /// BPU march written into every container (default `nash-m`, the S100P's).
+    pub march: String,
 }
 
 impl PackageOptions {
@@ -76,6 +78,7 @@ impl PackageOptions {
             system: "You are a helpful assistant.".into(),
             prefill_pads: false,
             prefill_min_tail: None,
+            march: crate::config::PLATFORM_MARCH.to_owned(),
         }
     }
 }
@@ -257,6 +260,7 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         graphs,
         config: Some(cfg_json.clone()),
         has_weights: !o.no_weights,
+        march: Some(o.march.clone()),
     };
     let mut files = Vec::new();
     let mut write = |name: &str, c: Container| -> Result<(), PackageError> {

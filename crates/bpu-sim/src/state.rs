@@ -252,6 +252,13 @@ impl SimState {
                 tracing::warn!(error = %e, "bpu-sim: not a loadable sim container");
                 sys::HB_UCP_MODEL_INVALID
             })?;
+            if let Some(m) = &c.header.march {
+                let platform = self.config.platform_march();
+                if m != platform {
+                    tracing::warn!(file = %f.display(), "bpu-sim: Model march incompatible! model march: {m}, platform march: {platform}");
+                    return Err(sys::HB_UCP_MODEL_INCOMPATIBLE);
+                }
+            }
             pool_bytes += bytes.len() as u64;
             for g in build_graphs(f, &c)? {
                 if graphs.iter().any(|h| h.desc.name == g.desc.name) {
@@ -400,6 +407,18 @@ impl SimState {
         };
         self.stats.runs += 1;
         if !needs_data {
+            let fixed = self
+                .graph(handle)?
+                .kernel
+                .fixed_output0()
+                .map(<[u8]>::to_vec);
+            if let (Some(bytes), Some(t)) = (fixed, outs.first()) {
+                let (buf, off) = self.locate(&sys::hbUCPSysMem {
+                    memSize: bytes.len() as u64,
+                    ..t.sysMem
+                })?;
+                buf.device[off..off + bytes.len()].copy_from_slice(&bytes);
+            }
             return Ok(delay);
         }
         // Copy inputs out of the device copies first: a buffer may be bound on both sides.
@@ -569,6 +588,29 @@ impl Sim {
     /// Adds one fault rule.
     pub fn add_fault(&self, rule: FaultRule) {
         self.lock().config.faults.rules.push(rule);
+    }
+
+    /// Pool size in bytes (`None` = unlimited).
+    pub fn pool_bytes(&self) -> Option<u64> {
+        self.lock().config.pool_bytes
+    }
+
+    /// Bytes still free in the pool (`None` = unlimited).
+    pub fn pool_available(&self) -> Option<u64> {
+        let st = self.lock();
+        st.config
+            .pool_bytes
+            .map(|l| l.saturating_sub(st.stats.pool_used))
+    }
+
+    /// The platform march this instance simulates.
+    pub fn platform_march(&self) -> String {
+        self.lock().config.platform_march().to_owned()
+    }
+
+    /// Sets the platform march (`None` = the S100P's).
+    pub fn set_march(&self, march: Option<String>) {
+        self.lock().config.march = march;
     }
 
     /// Sets the pool size (`None` = unlimited).

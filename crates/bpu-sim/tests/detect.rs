@@ -23,6 +23,7 @@ fn sim_file(dir: &std::path::Path, name: &str) -> std::path::PathBuf {
             }],
             config: None,
             has_weights: true,
+            march: None,
         },
         payload: vec![],
     };

@@ -36,6 +36,7 @@ fn affine_container(name: &str) -> Container {
             }],
             config: None,
             has_weights: true,
+            march: None,
         },
         payload: vec![],
     }

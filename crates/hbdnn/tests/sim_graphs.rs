@@ -414,6 +414,9 @@ fn no_weights_package_runs_on_timing_only() {
     let l = e.step(&r.text, &vec![0.0; 64], 0);
     assert!(t0.elapsed() >= std::time::Duration::from_millis(40));
     assert_eq!(l.len(), 640);
+    // The fixed synthetic logits: LM-shaped, not a constant row.
+    assert!(l.iter().all(|&v| (-2.0..14.0).contains(&v)), "{l:?}");
+    assert!(l.iter().any(|&v| v < -1.0) && l.iter().any(|&v| v > 1.0));
     let embed = std::fs::metadata(d.path().join("embed_tokens.bin"))
         .unwrap()
         .len();

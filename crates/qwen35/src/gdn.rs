@@ -287,6 +287,21 @@ impl GatedDeltaNet {
         })
     }
 
+    /// Bytes of the layer's weights (bf16 matrices at 2 bytes).
+    pub fn weight_bytes(&self) -> usize {
+        [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+            &self.out_proj,
+        ]
+        .iter()
+        .map(|l| l.weight().size_bytes())
+        .sum::<usize>()
+            + 4 * (self.conv1d.len() + self.dt_bias.len() + self.a_log.len() + self.norm.len())
+    }
+
     /// `x [n, hidden]` → `[n, hidden]`, advancing `state`. One row uses the recurrent form,
     /// more rows the chunked form.
     pub fn forward(&self, x: &[f32], n: usize, state: &mut GdnState) -> Vec<f32> {

@@ -1,7 +1,12 @@
 //! Matrix products through the `gemm` crate. This is the crate's one compute module allowed
 //! `unsafe` (STYLE.md: "an optional SIMD module in qwen35"): `gemm::gemm` takes raw pointers,
-//! so every call goes through [`gemm_into`], which checks all strided extents first.
+//! so every call goes through [`gemm_into`], which checks all strided extents first; the
+//! bf16-weight kernels (SIMD intrinsics) live in the submodule [`bf16`].
 #![allow(unsafe_code)]
+
+pub mod bf16;
+
+use crate::weights::WeightData;
 
 /// A strided read-only matrix view: element (r, c) is `data[r*rs + c*cs]`.
 #[derive(Clone, Copy)]
@@ -48,6 +53,19 @@ const PARALLEL_FLOPS: usize = 1 << 18;
 ///
 /// Panics if the views do not fit their buffers (a caller bug, never data-dependent).
 pub fn gemm_into(out: &mut [f32], out_rs: usize, a: MatRef<'_>, b: MatRef<'_>, accumulate: bool) {
+    gemm_into_with(out, out_rs, a, b, accumulate, true);
+}
+
+/// [`gemm_into`] with the rayon pool allowed (`parallel`, above a work threshold) or not
+/// (callers that already split the work over the pool).
+pub fn gemm_into_with(
+    out: &mut [f32],
+    out_rs: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+    parallel: bool,
+) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     assert_eq!(b.rows, k, "gemm inner dimensions differ");
     assert!(a.fits() && b.fits(), "gemm operand view exceeds its buffer");
@@ -66,7 +84,7 @@ pub fn gemm_into(out: &mut [f32], out_rs: usize, a: MatRef<'_>, b: MatRef<'_>, a
         }
         return;
     }
-    let par = if m * n * k >= PARALLEL_FLOPS {
+    let par = if parallel && m * n * k >= PARALLEL_FLOPS {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
@@ -110,6 +128,15 @@ pub fn linear(x: &[f32], n: usize, k: usize, w: &[f32], m: usize) -> Vec<f32> {
         false,
     );
     out
+}
+
+/// `x[n, k] · wᵀ` for a weight `[m, k]` in its stored precision: f32 takes [`linear`]
+/// unchanged (the exact f32 path), bf16 takes [`bf16::linear`].
+pub fn linear_any(x: &[f32], n: usize, k: usize, w: &WeightData, m: usize) -> Vec<f32> {
+    match w {
+        WeightData::F32(w) => linear(x, n, k, w, m),
+        WeightData::Bf16(w) => bf16::linear(x, n, k, w.as_slice(), m),
+    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,14 @@ use rayon::prelude::*;
 
 use crate::config::TextConfig;
 use crate::error::Result;
-use crate::kernels::{gemm_into, linear, MatRef};
+use crate::kernels::{gemm_into, linear_any, MatRef};
 use crate::ops::{apply_rotary, rms_norm_1p, sigmoid, silu, softmax};
-use crate::weights::WeightStore;
+use crate::weights::{WeightData, WeightStore};
 
-/// A PyTorch Linear: weight `[out, in]` (f32), optional bias `[out]`.
+/// A PyTorch Linear: weight `[out, in]` (f32, or bf16 from a bf16 checkpoint), optional
+/// bias `[out]` (f32).
 pub struct Linear {
-    w: Vec<f32>,
+    w: WeightData,
     b: Option<Vec<f32>>,
     out: usize,
     inp: usize,
@@ -20,7 +21,7 @@ pub struct Linear {
 impl Linear {
     pub fn new(ws: &WeightStore, name: &str, out: usize, inp: usize) -> Result<Self> {
         Ok(Self {
-            w: ws.get_f32(name, &[out, inp])?,
+            w: ws.get_matrix(name, &[out, inp])?,
             b: None,
             out,
             inp,
@@ -29,7 +30,7 @@ impl Linear {
 
     pub fn with_bias(ws: &WeightStore, prefix: &str, out: usize, inp: usize) -> Result<Self> {
         Ok(Self {
-            w: ws.get_f32(&format!("{prefix}.weight"), &[out, inp])?,
+            w: ws.get_matrix(&format!("{prefix}.weight"), &[out, inp])?,
             b: Some(ws.get_f32(&format!("{prefix}.bias"), &[out])?),
             out,
             inp,
@@ -37,7 +38,17 @@ impl Linear {
     }
 
     pub fn from_parts(w: Vec<f32>, b: Option<Vec<f32>>, out: usize, inp: usize) -> Self {
-        Self { w, b, out, inp }
+        Self {
+            w: WeightData::F32(w),
+            b,
+            out,
+            inp,
+        }
+    }
+
+    /// The weight in its stored precision.
+    pub fn weight(&self) -> &WeightData {
+        &self.w
     }
 
     pub fn out_dim(&self) -> usize {
@@ -46,7 +57,7 @@ impl Linear {
 
     /// `x [n, in]` → `[n, out]`.
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
-        let mut y = linear(x, n, self.inp, &self.w, self.out);
+        let mut y = linear_any(x, n, self.inp, &self.w, self.out);
         if let Some(b) = &self.b {
             for row in y.chunks_exact_mut(self.out) {
                 row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
@@ -70,6 +81,14 @@ impl Mlp {
             up_proj: Linear::new(ws, &format!("{p}up_proj.weight"), inter, hidden)?,
             down_proj: Linear::new(ws, &format!("{p}down_proj.weight"), hidden, inter)?,
         })
+    }
+
+    /// Bytes of the three projections.
+    pub fn weight_bytes(&self) -> usize {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .iter()
+            .map(|l| l.weight().size_bytes())
+            .sum()
     }
 
     pub fn forward(&self, x: &[f32], n: usize) -> Vec<f32> {
@@ -220,6 +239,15 @@ impl Qwen35Attention {
             hd,
             eps: cfg.rms_norm_eps,
         })
+    }
+
+    /// Bytes of the projections and norms.
+    pub fn weight_bytes(&self) -> usize {
+        [&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj]
+            .iter()
+            .map(|l| l.weight().size_bytes())
+            .sum::<usize>()
+            + 4 * (self.q_norm.len() + self.k_norm.len())
     }
 
     /// `x [n, hidden]` with per-row `cos`/`sin` `[n, rot]` → `[n, hidden]`, updating `kv`.

@@ -19,8 +19,11 @@ impl MappedFile {
             source,
         })?;
         // SAFETY: the map is read-only and lives as long as `self`; checkpoints are not
-        // modified while a model loads (a concurrent writer could change the bytes we read,
+        // modified while a model uses them (a concurrent writer could change the bytes we read,
         // which gives wrong numbers, not memory unsafety in our code: we only read `&[u8]`).
+        // bf16 weight matrices are read in place for the model's whole life, so truncating
+        // the file while a model is loaded would fault (SIGBUS) on the next read: replace
+        // checkpoints by writing a new file and renaming it, never in place.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,

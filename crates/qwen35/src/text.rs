@@ -6,7 +6,9 @@ use crate::gdn::{GatedDeltaNet, GdnState};
 use crate::layers::{KvState, KvWrite, Linear, Mlp, Qwen35Attention};
 use crate::ops::rms_norm_1p;
 use crate::rope::{rope_tables, Pos3};
-use crate::weights::WeightStore;
+use std::sync::OnceLock;
+
+use crate::weights::{WeightData, WeightStore};
 
 /// Which rows' logits a forward returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,7 +117,10 @@ pub struct DecoderLayer {
 /// The text model (`model.language_model.*` + head). `&self` everywhere: state is explicit.
 pub struct TextModel {
     cfg: TextConfig,
-    embed_tokens: Vec<f32>,
+    /// `[vocab, hidden]`, also the tied head; bf16 checkpoints keep it bf16.
+    embed_tokens: WeightData,
+    /// f32 copy made on the first [`TextModel::embed_table`] call of a bf16 model.
+    embed_f32: OnceLock<Vec<f32>>,
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>,
     lm_head: Option<Linear>,
@@ -126,7 +131,7 @@ impl TextModel {
     /// Loads from a checkpoint; `prefix` is `model.language_model.` for VLM checkpoints.
     pub fn new(cfg: &TextConfig, ws: &WeightStore, prefix: &str) -> Result<Self> {
         let h = cfg.hidden_size;
-        let embed_tokens = ws.get_f32(
+        let embed_tokens = ws.get_matrix(
             &format!("{prefix}embed_tokens.weight"),
             &[cfg.vocab_size, h],
         )?;
@@ -159,6 +164,7 @@ impl TextModel {
             axes: cfg.mrope_axes(),
             cfg: cfg.clone(),
             embed_tokens,
+            embed_f32: OnceLock::new(),
             layers,
             norm,
             lm_head,
@@ -181,14 +187,46 @@ impl TextModel {
                     vocab: self.cfg.vocab_size,
                 });
             }
-            out.extend_from_slice(&self.embed_tokens[i * h..(i + 1) * h]);
+            self.embed_tokens.extend_f32(i * h..(i + 1) * h, &mut out);
         }
         Ok(out)
     }
 
-    /// The embedding table `[vocab, hidden]` (f32).
+    /// The embedding table `[vocab, hidden]` (f32). For a bf16 checkpoint the first call
+    /// makes an f32 copy (twice the table's bf16 size, kept for the model's life); prefer
+    /// [`TextModel::embed`], which widens only the requested rows.
     pub fn embed_table(&self) -> &[f32] {
+        match &self.embed_tokens {
+            WeightData::F32(t) => t,
+            WeightData::Bf16(_) => self.embed_f32.get_or_init(|| {
+                tracing::warn!("embed_table: widening the bf16 embedding table to f32");
+                let mut t = Vec::with_capacity(self.embed_tokens.len());
+                self.embed_tokens
+                    .extend_f32(0..self.embed_tokens.len(), &mut t);
+                t
+            }),
+        }
+    }
+
+    /// The embedding table in its stored precision (f32, or bf16 from a bf16 checkpoint).
+    pub fn embed_weight(&self) -> &WeightData {
         &self.embed_tokens
+    }
+
+    /// Bytes of weight matrices and vectors held by the text model (bf16 counted at 2 bytes).
+    pub fn weight_bytes(&self) -> usize {
+        let lin = |l: &Linear| l.weight().size_bytes();
+        let mut total = self.embed_tokens.size_bytes() + 4 * self.norm.len();
+        total += self.lm_head.as_ref().map_or(0, lin);
+        for l in &self.layers {
+            total += 4 * (l.input_layernorm.len() + l.post_attention_layernorm.len());
+            total += l.mlp.weight_bytes();
+            total += match &l.mixer {
+                Mixer::Linear(g) => g.weight_bytes(),
+                Mixer::Full(a) => a.weight_bytes(),
+            };
+        }
+        total
     }
 
     fn new_layers(&self, kv_rows: usize) -> Vec<LayerState> {
@@ -449,7 +487,7 @@ impl TextModel {
         rms_norm_1p(&mut hid, &self.norm, self.cfg.rms_norm_eps);
         match &self.lm_head {
             Some(head) => head.forward(&hid, m),
-            None => crate::kernels::linear(
+            None => crate::kernels::linear_any(
                 &hid,
                 m,
                 self.cfg.hidden_size,

@@ -1,9 +1,13 @@
 //! Safetensors checkpoint access: memory-mapped files, tensors looked up by HF name with
-//! shape checks, converted to f32 on load (F32, BF16 and F16 sources).
+//! shape checks. Vectors (norms, biases, conv taps) are converted to f32 on load (F32, BF16
+//! and F16 sources); weight matrices ([`WeightStore::get_matrix`]) keep bf16 as bf16, read in
+//! place from the memory map, so a bf16 checkpoint costs its file size in memory, not twice.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use half::bf16;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, Result};
@@ -17,9 +21,83 @@ struct Entry {
     end: usize,
 }
 
+/// bf16 elements, either in place in a checkpoint's memory map or owned.
+pub struct Bf16Data(Bf16Storage);
+
+enum Bf16Storage {
+    Owned(Vec<bf16>),
+    /// `len` elements at byte offset `start` of the map; `start` is even (checked when built).
+    Mapped {
+        file: Arc<MappedFile>,
+        start: usize,
+        len: usize,
+    },
+}
+
+impl Bf16Data {
+    pub fn from_vec(v: Vec<bf16>) -> Self {
+        Self(Bf16Storage::Owned(v))
+    }
+
+    pub fn as_slice(&self) -> &[bf16] {
+        match &self.0 {
+            Bf16Storage::Owned(v) => v,
+            Bf16Storage::Mapped { file, start, len } => {
+                bytemuck::try_cast_slice(&file.bytes()[*start..*start + 2 * len])
+                    .expect("bf16 views are built only at even offsets of a page-aligned map")
+            }
+        }
+    }
+
+    /// Whether the data is read in place from a memory-mapped checkpoint.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.0, Bf16Storage::Mapped { .. })
+    }
+}
+
+/// A weight matrix in the precision it is computed from: bf16 checkpoints stay bf16
+/// (multiplied by the bf16×f32 kernels), everything else is f32.
+pub enum WeightData {
+    F32(Vec<f32>),
+    Bf16(Bf16Data),
+}
+
+impl WeightData {
+    pub fn len(&self) -> usize {
+        match self {
+            WeightData::F32(v) => v.len(),
+            WeightData::Bf16(b) => b.as_slice().len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends elements `range` widened to f32 (bf16 → f32 is exact).
+    pub fn extend_f32(&self, range: std::ops::Range<usize>, out: &mut Vec<f32>) {
+        match self {
+            WeightData::F32(v) => out.extend_from_slice(&v[range]),
+            WeightData::Bf16(b) => out.extend(
+                b.as_slice()[range]
+                    .iter()
+                    .map(|x| crate::kernels::bf16::widen(*x)),
+            ),
+        }
+    }
+
+    /// Bytes held (for logs and the benchmark).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            WeightData::F32(v) => 4 * v.len(),
+            WeightData::Bf16(b) => 2 * b.as_slice().len(),
+        }
+    }
+}
+
 /// All `*.safetensors` files of a checkpoint directory, indexed by tensor name.
 pub struct WeightStore {
-    files: Vec<MappedFile>,
+    files: Vec<Arc<MappedFile>>,
     index: HashMap<String, Entry>,
 }
 
@@ -78,7 +156,7 @@ impl WeightStore {
                     );
                 }
             }
-            files.push(mf);
+            files.push(Arc::new(mf));
         }
         Ok(Self { files, index })
     }
@@ -91,8 +169,7 @@ impl WeightStore {
         self.index.get(name).map(|e| e.shape.as_slice())
     }
 
-    /// The tensor `name` as f32, checked against `shape`.
-    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+    fn entry(&self, name: &str, shape: &[usize]) -> Result<&Entry> {
         let e = self.index.get(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_string(),
         })?;
@@ -103,6 +180,40 @@ impl WeightStore {
                 found: e.shape.clone(),
             });
         }
+        Ok(e)
+    }
+
+    /// A weight matrix `name` checked against `shape`: BF16 stays bf16 (in place in the map
+    /// when 2-byte aligned, else copied), F32 and F16 become f32 as in [`Self::get_f32`].
+    pub fn get_matrix(&self, name: &str, shape: &[usize]) -> Result<WeightData> {
+        let e = self.entry(name, shape)?;
+        if e.dtype != Dtype::BF16 {
+            return self.get_f32(name, shape).map(WeightData::F32);
+        }
+        let file = &self.files[e.file];
+        let len = (e.end - e.start) / 2;
+        // in place only where the map's little-endian bytes are the host's u16 layout
+        let data = if e.start % 2 == 0 && cfg!(target_endian = "little") {
+            Bf16Data(Bf16Storage::Mapped {
+                file: Arc::clone(file),
+                start: e.start,
+                len,
+            })
+        } else {
+            let bytes = &file.bytes()[e.start..e.end];
+            Bf16Data::from_vec(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            )
+        };
+        Ok(WeightData::Bf16(data))
+    }
+
+    /// The tensor `name` as f32, checked against `shape`.
+    pub fn get_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let e = self.entry(name, shape)?;
         let bytes = &self.files[e.file].bytes()[e.start..e.end];
         let out = match e.dtype {
             Dtype::F32 => bytes

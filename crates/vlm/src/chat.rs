@@ -292,25 +292,58 @@ impl ChatTemplate {
         first: Option<&SystemOptions>,
         turn: &UserTurn<'_>,
     ) -> Result<Prompt, ChatError> {
-        let m = &self.markers;
         let mut pieces: Vec<Piece<'_>> = Vec::new();
         match first {
-            Some(opts) => {
-                if let Some(b) = m.bos {
-                    pieces.push(Piece::Id(b));
-                }
-                pieces.push(Piece::Id(m.im_start));
-                pieces.push(Piece::Text(
-                    format!("system\n{}", self.system_text(opts)?).into(),
-                ));
-                pieces.push(Piece::Id(m.im_end));
-                pieces.push(Piece::Text("\n".into()));
-            }
+            Some(opts) => self.push_system(opts, &mut pieces)?,
             None => {
-                pieces.push(Piece::Id(m.im_end));
+                pieces.push(Piece::Id(self.markers.im_end));
                 pieces.push(Piece::Text("\n".into()));
             }
         }
+        self.push_user(turn, pieces)
+    }
+
+    /// Tokens of the first turn's system block alone. Followed by
+    /// [`ChatTemplate::render_after_system`] it gives exactly the tokens of
+    /// `render(Some(opts), turn)`, so the block can be prefilled once and restored per turn.
+    pub fn system_prefix(&self, opts: &SystemOptions) -> Result<Vec<u32>, ChatError> {
+        let mut pieces = Vec::new();
+        self.push_system(opts, &mut pieces)?;
+        match self.tokenize(pieces)?.as_slice() {
+            [Segment::Tokens(ids)] => Ok(ids.clone()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The first user turn after a separately fed [`ChatTemplate::system_prefix`].
+    pub fn render_after_system(&self, turn: &UserTurn<'_>) -> Result<Prompt, ChatError> {
+        self.push_user(turn, Vec::new())
+    }
+
+    fn push_system<'a>(
+        &'a self,
+        opts: &SystemOptions,
+        pieces: &mut Vec<Piece<'a>>,
+    ) -> Result<(), ChatError> {
+        let m = &self.markers;
+        if let Some(b) = m.bos {
+            pieces.push(Piece::Id(b));
+        }
+        pieces.push(Piece::Id(m.im_start));
+        pieces.push(Piece::Text(
+            format!("system\n{}", self.system_text(opts)?).into(),
+        ));
+        pieces.push(Piece::Id(m.im_end));
+        pieces.push(Piece::Text("\n".into()));
+        Ok(())
+    }
+
+    fn push_user<'a>(
+        &'a self,
+        turn: &UserTurn<'a>,
+        mut pieces: Vec<Piece<'a>>,
+    ) -> Result<Prompt, ChatError> {
+        let m = &self.markers;
         pieces.push(Piece::Id(m.im_start));
         pieces.push(Piece::Text("user\n".into()));
         if !turn.images.is_empty() {

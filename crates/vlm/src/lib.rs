@@ -12,6 +12,7 @@
 //! so the node, the CLI and both backends share them.
 #![forbid(unsafe_code)]
 
+pub mod assistant;
 pub mod bpu;
 pub mod chat;
 pub mod engine;

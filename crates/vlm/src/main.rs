@@ -1,5 +1,5 @@
-//! `vlm`: the command-line front end of the runtime. Subcommands: `generate`, `make-sim-package`
-//! (more follow: chat, check, bench). Results go to stdout; logs go to stderr through
+//! `vlm`: the command-line front end of the runtime. Subcommands: `chat`, `check`, `bench`,
+//! `generate`, `make-sim-package`. Results go to stdout; logs go to stderr through
 //! `tracing` (filter from `RUST_LOG`, default `warn`).
 #![forbid(unsafe_code)]
 

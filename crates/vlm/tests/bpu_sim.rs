@@ -4,9 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use bpu_sim::package::{make_sim_package, PackageOptions, PrefillIn};
+use bpu_sim::package::{PackageOptions, PrefillIn};
 use bpu_sim::{FaultAction, FaultRule, LogitsType, Sim, SimConfig};
 use vlm::bpu::{BpuBackend, BpuOptions};
 use vlm::chat::Pos3;
@@ -14,27 +13,20 @@ use vlm::engine::{
     prompt_from_ids, Backend, CpuBackend, CpuOptions, Engine, EngineError, ImageInput,
 };
 
+mod common;
+
+use common::{argmax, golden_case, max_abs_diff as max_diff, tokenizer, GoldenCase as Case};
+
 /// Named tolerance of f32 logits between two computation orders.
 const F32_TOL: f32 = 1e-4;
 const STEPS: usize = 16;
 
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures")
-}
-
 fn model_dir() -> PathBuf {
-    fixtures().join("models/tiny-sym")
+    common::model_dir("tiny-sym")
 }
 
 fn package(dir: &Path, tweak: impl FnOnce(&mut PackageOptions)) {
-    let mut o = PackageOptions::new(&model_dir(), dir);
-    o.tokenizer = Some(fixtures().join("tokenizer.json"));
-    tweak(&mut o);
-    make_sim_package(&o).unwrap();
-}
-
-fn tokenizer() -> Arc<tokenizers::Tokenizer> {
-    Arc::new(tokenizers::Tokenizer::from_file(fixtures().join("tokenizer.json")).unwrap())
+    common::sim_package("tiny-sym", dir, tweak);
 }
 
 fn sim() -> Sim {
@@ -59,59 +51,8 @@ fn cpu() -> Engine<CpuBackend> {
     Engine::new(CpuBackend::load(&model_dir(), opts).unwrap(), tokenizer())
 }
 
-struct Case {
-    name: String,
-    ids: Vec<u32>,
-    images: Vec<PathBuf>,
-    greedy: Vec<u32>,
-}
-
 fn case(name: &str) -> Case {
-    let g: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(model_dir().join("goldens.json")).unwrap())
-            .unwrap();
-    let c = g["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == name)
-        .unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    Case {
-        name: name.into(),
-        ids: ids(&c["prompt_ids"]),
-        images: c["images"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|p| model_dir().join(p.as_str().unwrap()))
-            .collect(),
-        greedy: ids(&c["greedy_tokens"]),
-    }
-}
-
-fn argmax(l: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in l.iter().enumerate() {
-        if v > l[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-fn max_diff(a: &[f32], b: &[f32]) -> f32 {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f32::max)
+    golden_case("tiny-sym", name)
 }
 
 /// Prompt then `STEPS` greedy steps: the logits of the prompt and of every step, and the tokens.

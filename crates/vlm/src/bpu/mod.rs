@@ -5,12 +5,21 @@
 //! every head plane, M-RoPE cos/sin per row, CLEAN after CPU writes and INVALIDATE before CPU
 //! reads, S16 logits dequantised by the output scale, and the §10.2 state snapshots.
 //!
+//! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
+//! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer).
+//! A prompt tail is stepped row by row unless the package sets `prefill_pads` and the caller
+//! asks for [`BpuOptions::pad_tail`] (contract §4.4, unconfirmed on a board). [`check`] lists
+//! every contract violation of a package for `vlm check`.
+//!
 //! Must not depend on the CPU model's weights (`qwen35` is used only for its rope tables and
 //! window mask), ROS or an async runtime. Handles are `Rc`-based: one thread owns a backend.
 #![forbid(unsafe_code)]
 
+pub mod check;
 pub mod contract;
 mod embed;
+pub mod lock;
+pub mod pool;
 
 use std::path::{Path, PathBuf};
 
@@ -26,6 +35,7 @@ use crate::vision::{Geometry, PixelValues};
 
 use contract::{DecodeShape, FIXED_IN};
 pub use embed::EmbedTable;
+pub use lock::EngineLock;
 
 /// Failures opening a package on the BPU; each names the file and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +58,24 @@ pub enum BpuError {
     Embed { path: PathBuf, reason: String },
     #[error("{}: {reason}", path.display())]
     Config { path: PathBuf, reason: String },
+    /// Another BPU engine (this process or another) holds the engine lock.
+    #[error("{}: another BPU engine is running on this board (the engine lock is held); stop it first — two can take the board down", path.display())]
+    Busy { path: PathBuf },
+    #[error("{}: {reason}", path.display())]
+    Lock { path: PathBuf, reason: String },
+    /// The ION pool cannot hold what the package needs; nothing was loaded or allocated.
+    #[error("{}: {what} need {needed} bytes but the ION pool has {available} bytes free ({source_desc}); fix: {fix}", path.display())]
+    Pool {
+        path: PathBuf,
+        what: String,
+        needed: u64,
+        available: u64,
+        source_desc: String,
+        fix: String,
+    },
+    /// A graph compiled for another BPU architecture.
+    #[error("{}: compiled for another BPU: {detail}", path.display())]
+    March { path: PathBuf, detail: String },
 }
 
 /// How to open a package.
@@ -61,6 +89,25 @@ pub struct BpuOptions {
     pub no_vision: bool,
     /// BPU task priority (0 lowest ..= 255).
     pub priority: u8,
+    /// Engine lock file. Board packages always lock (this path, else `VLM_BPU_LOCK`, else
+    /// [`lock::default_lock_path`]); simulator packages lock only when a path is given here
+    /// or in `VLM_BPU_LOCK` (each simulator instance is its own "board", and tests run many).
+    pub lock_path: Option<PathBuf>,
+    /// Run a prompt tail of at least `prefill_min_tail` rows as one padded prefill chunk when
+    /// the package sets `prefill_pads` (contract §4.4, inferred, unconfirmed on a board).
+    /// Default `false`: the tail is stepped row by row, correct with every package.
+    pub pad_tail: bool,
+}
+
+/// Where the last row's logits live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LogitsAt {
+    /// Empty state.
+    Nowhere,
+    /// `BpuBackend::logits` (S16 dequantised, or after a prefill / restore).
+    Vec,
+    /// F32 logits read in place from the decode graph's output buffer (no copy per step).
+    DecodeBuffer,
 }
 
 /// The vision tower graph and its buffers.
@@ -116,12 +163,27 @@ pub struct BpuBackend {
     max_pos: Option<u32>,
     /// Raw decode-logits buffer image (§10.2): the decode output, or a prefill's last row
     /// copied to its start.
+    /// Stale while the decode graph's logits buffer itself is the image (after a decode
+    /// step; copied here only when a prefill or a snapshot needs it).
     logit_image: Vec<u8>,
-    logits: Option<Vec<f32>>,
+    image_in_decode_buffer: bool,
+    /// Where [`Backend::last_logits`] reads from.
+    logits_at: LogitsAt,
+    /// Dequantised last-row logits when they are not read in place.
+    logits: Vec<f32>,
+    /// `Some(P)`: the decode mask buffer holds the mask for `P` consumed slots, so the next
+    /// step only unmasks one column per plane instead of rewriting `heads × CL` floats.
+    decode_mask_for: Option<usize>,
     axes: Vec<usize>,
     state_shape: StateShape,
     sched: Sched,
+    /// `Some(min rows)` when tails are padded (package `prefill_pads` and [`BpuOptions::pad_tail`]).
+    pad_min_tail: Option<usize>,
+    /// Wall time spent inside graph runs (submit to done), for host-overhead accounting.
+    graph_time: std::time::Duration,
     _packed: Vec<PackedModel>,
+    /// Dropped last: the board stays locked until every buffer and handle is released.
+    _lock: Option<EngineLock>,
 }
 
 fn to_rope(p: &Pos3) -> qwen35::Pos3 {
@@ -140,6 +202,52 @@ fn device(what: &str, e: hbdnn::Error) -> EngineError {
     }
 }
 
+/// A load failure, with the ION advice for an exhausted pool and the march explanation for an
+/// incompatible graph.
+fn load_error(path: &Path, source: hbdnn::Error) -> BpuError {
+    match source.status() {
+        Some(hbdnn::Status::MemAllocFail) => BpuError::Pool {
+            path: path.to_owned(),
+            what: "the load".into(),
+            needed: std::fs::metadata(path).map_or(0, |m| m.len()),
+            available: 0,
+            source_desc: format!("the runtime refused the allocation: {source}"),
+            fix: pool::ION_FIX.to_owned(),
+        },
+        Some(hbdnn::Status::ModelIncompatible) => BpuError::March {
+            path: path.to_owned(),
+            detail: format!(
+                "the runtime refused it ({source}); the published packages are compiled for `nash-m` (S100/S100P) and must be recompiled for another BPU"
+            ),
+        },
+        _ => BpuError::Hbdnn {
+            path: path.to_owned(),
+            source,
+        },
+    }
+}
+
+/// Sim containers name the march they were compiled for; refuse those the simulated platform
+/// would refuse, naming the file, before anything is loaded.
+fn check_sim_march(files: &[PathBuf]) -> Result<(), BpuError> {
+    let platform = bpu_sim::Sim::current().platform_march();
+    for f in files {
+        let c = bpu_sim::Container::read(f).map_err(|e| BpuError::Config {
+            path: f.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(m) = c.header.march.as_deref() {
+            if m != platform {
+                return Err(BpuError::March {
+                    path: f.clone(),
+                    detail: format!("model march `{m}`, platform march `{platform}`"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 impl BpuBackend {
     /// Opens the package in `dir`. For simulator packages the calling thread's simulator
     /// instance ([`bpu_sim::Sim::current`], or one `install`ed before) runs the graphs.
@@ -154,6 +262,35 @@ impl BpuBackend {
         files.extend(cfg.existing_hbm_prefill().map(Path::to_owned));
         files.extend(cfg.visual.clone());
         let implementation = bpu_sim::inspect_package(&files, opts.implementation)?;
+        let lock_path = opts.lock_path.clone().or_else(lock::env_lock_path);
+        let engine_lock = match (implementation, lock_path) {
+            (_, Some(p)) => Some(EngineLock::acquire(&p)?),
+            (Implementation::Board, None) => Some(EngineLock::acquire(&lock::default_lock_path())?),
+            (Implementation::Sim, None) => None,
+        };
+        if implementation == Implementation::Sim {
+            check_sim_march(&files)?;
+        }
+        let pool_reading = match implementation {
+            Implementation::Sim => pool::sim_pool(),
+            Implementation::Board => pool::board_pool(),
+        };
+        let mut hbm_bytes = 0u64;
+        for f in &files {
+            let len = std::fs::metadata(f)
+                .map_err(|e| BpuError::Config {
+                    path: f.clone(),
+                    reason: format!("cannot stat: {e}"),
+                })?
+                .len();
+            hbm_bytes += match implementation {
+                // The board loader asks for slightly more than the file (S600: +1.3 MB on
+                // 2.46 GB); the simulator takes the file size exactly.
+                Implementation::Board => pool::with_load_margin(len),
+                Implementation::Sim => len,
+            };
+        }
+        pool::check("the .hbm files", hbm_bytes, &pool_reading, &cfg.hbm)?;
         let runtime = match implementation {
             Implementation::Sim => Runtime::new(bpu_sim::table()?),
             Implementation::Board => {
@@ -167,12 +304,7 @@ impl BpuBackend {
             }
         };
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
-        let load = |p: &Path| {
-            runtime.load(&[p]).map_err(|source| BpuError::Hbdnn {
-                path: p.to_owned(),
-                source,
-            })
-        };
+        let load = |p: &Path| runtime.load(&[p]).map_err(|source| load_error(p, source));
         let contract = |path: &Path, reason: String| BpuError::Contract {
             path: path.to_owned(),
             reason,
@@ -214,7 +346,7 @@ impl BpuBackend {
                 match contract::check_prefill(&g, &dec_graph, &shape) {
                     Ok(n) => {
                         tracing::info!(file = %path.display(), graph = %pre_name, chunk = n, "prefill graph");
-                        prefill = Some(Io::new(g, n, &path)?);
+                        prefill = Some((g, n, path));
                     }
                     Err(reason) => tracing::warn!(
                         file = %path.display(), graph = %pre_name, %reason,
@@ -229,13 +361,8 @@ impl BpuBackend {
             reason: "the package names no `embed` table".into(),
         })?;
         let embed = EmbedTable::open(&embed_path, shape.vocab, shape.hidden)?;
-        let tower = match &cfg.visual {
-            Some(p) => {
-                let m = load(p)?;
-                let t = Self::open_tower(&cfg, p, &m, shape.hidden)?;
-                packed.push(m);
-                Some(t)
-            }
+        let tower_model = match &cfg.visual {
+            Some(p) => Some((p.clone(), load(p)?)),
             None => None,
         };
         if !cfg.mrope_interleaved && !cfg.mrope_section.is_empty() {
@@ -246,6 +373,47 @@ impl BpuBackend {
         }
         let section: Vec<usize> = cfg.mrope_section.iter().map(|&s| s as usize).collect();
         let axes = qwen35::config::mrope_axes(shape.rot / 2, &section);
+        // Second preflight, before any buffer exists: two cache sets plus the graphs' I/O.
+        let io_bytes = |g: &Graph| -> u64 {
+            g.inputs()[..FIXED_IN.min(g.inputs().len())]
+                .iter()
+                .chain(g.outputs().first())
+                .map(|s| s.byte_size as u64)
+                .sum()
+        };
+        let cache_set: u64 = dec_graph.inputs()[FIXED_IN..]
+            .iter()
+            .map(|s| s.byte_size as u64)
+            .sum();
+        let mut buffers = 2 * cache_set + io_bytes(&dec_graph);
+        if let Some((g, _, _)) = &prefill {
+            buffers += io_bytes(g);
+        }
+        let after_load = match implementation {
+            Implementation::Sim => pool::sim_pool(),
+            Implementation::Board => pool::PoolReading {
+                available: pool_reading.available.map(|a| a.saturating_sub(hbm_bytes)),
+                ..pool_reading.clone()
+            },
+        };
+        pool::check(
+            "two cache sets and the graph I/O buffers",
+            buffers,
+            &after_load,
+            &cfg.hbm,
+        )?;
+        let prefill = match prefill {
+            Some((g, n, path)) => Some(Io::new(g, n, &path)?),
+            None => None,
+        };
+        let tower = match tower_model {
+            Some((p, m)) => {
+                let t = Self::open_tower(&cfg, &p, &m, shape.hidden)?;
+                packed.push(m);
+                Some(t)
+            }
+            None => None,
+        };
         let decode = Io::new(dec_graph, 1, &cfg.hbm)?;
         let alloc_set = || {
             (0..shape.n_cache)
@@ -281,6 +449,20 @@ impl BpuBackend {
         };
         packed.push(main);
         let cores = cfg.bpu_cores;
+        let pad_min_tail = match (opts.pad_tail, cfg.prefill_pads, info.prefill_chunk) {
+            (true, true, n) if n >= 2 => {
+                let min = cfg.prefill_min_tail.map_or(n, |m| m as usize).max(2);
+                tracing::info!(min_tail = min, chunk = n, "padded prefill tail enabled");
+                Some(min)
+            }
+            (true, _, _) => {
+                tracing::info!(
+                    "pad_tail requested but the package has no padded prefill: stepping the tail"
+                );
+                None
+            }
+            _ => None,
+        };
         let mut me = Self {
             implementation,
             info,
@@ -294,7 +476,10 @@ impl BpuBackend {
             consumed: 0,
             max_pos: None,
             logit_image: vec![0; logit_bytes],
-            logits: None,
+            image_in_decode_buffer: false,
+            logits_at: LogitsAt::Nowhere,
+            logits: Vec::new(),
+            decode_mask_for: None,
             axes,
             state_shape,
             sched: Sched {
@@ -303,7 +488,10 @@ impl BpuBackend {
                 timeout_ms: 0,
             },
             cfg,
+            pad_min_tail,
+            graph_time: std::time::Duration::ZERO,
             _packed: packed,
+            _lock: engine_lock,
         };
         me.reset().map_err(|e| BpuError::Config {
             path: me.cfg.hbm.clone(),
@@ -382,6 +570,12 @@ impl BpuBackend {
         self.sched
     }
 
+    /// Total wall time spent inside text-graph runs since open: everything else a step costs
+    /// is host overhead.
+    pub fn graph_time(&self) -> std::time::Duration {
+        self.graph_time
+    }
+
     /// Sets the BPU task priority (0 lowest ..= 255).
     pub fn set_priority(&mut self, priority: u8) {
         self.sched.priority = priority;
@@ -399,21 +593,71 @@ impl BpuBackend {
         buf.clean().map_err(|e| device("CLEAN", e))
     }
 
-    /// Dequantises one raw logits row.
-    fn dequantise(&self, raw: &[u8]) -> Vec<f32> {
-        let (dtype, scale) = self.logits_format();
+    /// Dequantises one raw logits row into `out` (reused between steps).
+    fn dequantise_into(dtype: DType, scale: f32, vocab: usize, raw: &[u8], out: &mut Vec<f32>) {
+        out.clear();
         match dtype {
-            DType::S16 => raw
-                .chunks_exact(2)
-                .take(self.shape.vocab)
-                .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) * scale)
-                .collect(),
-            _ => raw
-                .chunks_exact(4)
-                .take(self.shape.vocab)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
+            DType::S16 => out.extend(
+                raw.chunks_exact(2)
+                    .take(vocab)
+                    .map(|b| f32::from(i16::from_le_bytes([b[0], b[1]])) * scale),
+            ),
+            _ => out.extend(
+                raw.chunks_exact(4)
+                    .take(vocab)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
         }
+    }
+
+    /// Sets the last logits from the raw row at the start of the decode-logits image.
+    fn logits_from_image(&mut self) {
+        let (dtype, scale) = self.logits_format();
+        let len = self.row_bytes();
+        Self::dequantise_into(
+            dtype,
+            scale,
+            self.shape.vocab,
+            &self.logit_image[..len],
+            &mut self.logits,
+        );
+        self.logits_at = LogitsAt::Vec;
+    }
+
+    /// Copies the decode output buffer into the decode-logits image when it stands for it.
+    fn materialise_image(&mut self) {
+        if self.image_in_decode_buffer {
+            let full = self.decode.logits.as_bytes();
+            let k = full.len().min(self.logit_image.len());
+            self.logit_image[..k].copy_from_slice(&full[..k]);
+            self.image_in_decode_buffer = false;
+        }
+    }
+
+    /// The decode mask for `P = consumed`: when the buffer holds the mask for `P - 1`, only
+    /// column `CL - P - 1` of each plane opens (contract §3.3); otherwise the whole mask is
+    /// written.
+    fn write_decode_mask(&mut self) -> Result<(), EngineError> {
+        let p = self.consumed;
+        let cl = self.shape.context;
+        let spec = &self.decode.graph.inputs()[3];
+        if p >= 1 && p < cl && self.decode_mask_for == Some(p - 1) && spec.strides.len() == 2 {
+            let col = cl - p - 1;
+            let (s0, s1) = (spec.strides[0], spec.strides[1]);
+            let buf = &mut self.decode.fixed[3];
+            for h in 0..self.shape.mask_heads {
+                let at = h * s0 + col * s1;
+                let bytes = buf.as_mut_bytes();
+                bytes[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
+                buf.clean_range(at, 4).map_err(|e| device("CLEAN", e))?;
+            }
+        } else {
+            let mask = qwen35::window_mask(p, 1, cl, self.shape.mask_heads);
+            let spec = spec.clone();
+            Self::write(&mut self.decode.fixed[3], &spec, &mask)?;
+        }
+        self.decode_mask_for = Some(p);
+        Ok(())
     }
 
     fn row_bytes(&self) -> usize {
@@ -423,6 +667,193 @@ impl BpuBackend {
             4
         };
         self.shape.vocab * esz
+    }
+}
+
+impl BpuBackend {
+    /// Whether a tail of `t` rows goes through the prefill graph padded to `N`: padding
+    /// enabled, `prefill_min_tail <= t < N`, and `N` free slots (the graph shifts every window
+    /// by `N` before the host takes the pad rows back out).
+    fn pad_tail_fits(&self, t: usize) -> bool {
+        let n = self.info.prefill_chunk;
+        self.pad_min_tail
+            .is_some_and(|min| t >= min && t < n && self.context_left() >= n)
+    }
+
+    /// Runs `positions.len()` rows through the decode graph (1 row) or the prefill graph
+    /// (`N` rows, or fewer padded to `pad_to = Some(N)`: pad rows are zero with cos 1 / sin 0
+    /// and a fully masked mask row, contract §4.4).
+    fn run_chunk(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        pad_to: Option<usize>,
+    ) -> Result<(), EngineError> {
+        let n = positions.len();
+        let h = self.shape.hidden;
+        if rows.len() != n * h {
+            return Err(EngineError::Shape {
+                what: "rows [n, hidden]",
+                expected: n * h,
+                found: rows.len(),
+            });
+        }
+        let chunk = self.info.prefill_chunk;
+        let padded = pad_to.is_some_and(|p| p == chunk && chunk >= 2 && n >= 1 && n < chunk);
+        if !(padded || n == 1 || (chunk >= 2 && n == chunk)) {
+            return Err(EngineError::RowCount { rows: n, chunk });
+        }
+        // Rows the graph runs: the real ones, then pads up to N.
+        let g_rows = if padded { chunk } else { n };
+        let left = self.context_left();
+        if g_rows > left {
+            return Err(EngineError::ContextOverflow {
+                needed: g_rows,
+                left,
+            });
+        }
+        let rope: Vec<qwen35::Pos3> = positions.iter().map(to_rope).collect();
+        let (mut cos, mut sin) =
+            qwen35::rope_tables(&rope, self.shape.rot, self.cfg.rope_theta, &self.axes);
+        let cl = self.shape.context;
+        let mut mask = if g_rows == 1 {
+            self.write_decode_mask()?;
+            Vec::new()
+        } else {
+            qwen35::window_mask(self.consumed, g_rows, cl, self.shape.mask_heads)
+        };
+        let mut x_pad = Vec::new();
+        let rows = if padded {
+            let pads = g_rows - n;
+            cos.resize(g_rows * self.shape.rot, 1.0);
+            sin.resize(g_rows * self.shape.rot, 0.0);
+            for plane in mask.chunks_exact_mut(g_rows * cl) {
+                plane[n * cl..].fill(qwen35::MASK_NEG);
+            }
+            x_pad.reserve(g_rows * h);
+            x_pad.extend_from_slice(rows);
+            x_pad.resize(x_pad.len() + pads * h, 0.0);
+            x_pad.as_slice()
+        } else {
+            rows
+        };
+        let io = if g_rows == 1 {
+            &mut self.decode
+        } else {
+            self.prefill
+                .as_mut()
+                .ok_or(EngineError::RowCount { rows: n, chunk })?
+        };
+        let specs = io.graph.inputs()[..FIXED_IN].to_vec();
+        for (i, data) in [rows, &cos, &sin, &mask].into_iter().enumerate() {
+            // The decode mask is already in place (`write_decode_mask`).
+            if i == 3 && g_rows == 1 {
+                continue;
+            }
+            Self::write(&mut io.fixed[i], &specs[i], data)?;
+        }
+        let (a, b) = self.sets.split_at_mut(1);
+        let (cur, next) = if self.phase == 0 {
+            (&a[0], &mut b[0])
+        } else {
+            (&b[0], &mut a[0])
+        };
+        let mut inputs: Vec<&DeviceBuffer> = io.fixed.iter().collect();
+        inputs.extend(cur.iter());
+        let mut outputs: Vec<&mut DeviceBuffer> = vec![&mut io.logits];
+        outputs.extend(next.iter_mut());
+        let what = if g_rows == 1 {
+            "decode run"
+        } else {
+            "prefill run"
+        };
+        let t0 = std::time::Instant::now();
+        let ran = io.graph.run(&inputs, &mut outputs, &self.sched);
+        self.graph_time += t0.elapsed();
+        ran.map_err(|e| device(what, e))?;
+        io.logits
+            .invalidate()
+            .map_err(|e| device("INVALIDATE", e))?;
+        // Last row of the logits output, copied to the start of the decode-logits image.
+        let out = &io.graph.outputs()[0];
+        // All-row logits of a padded chunk: the last real row's (pad rows follow it).
+        let last = if out.rows() >= g_rows {
+            n - 1
+        } else {
+            out.rows().saturating_sub(1)
+        };
+        let off = out.row_offset(last);
+        let len = self.shape.vocab
+            * if self.shape.logits == DType::S16 {
+                2
+            } else {
+                4
+            };
+        if io.logits.as_bytes().len() < off + len {
+            return Err(EngineError::Shape {
+                what: "logits row inside the output buffer",
+                expected: off + len,
+                found: io.logits.size(),
+            });
+        }
+        if padded {
+            Self::unpad_windows(next, &self.state_shape, g_rows - n, self.consumed + g_rows)?;
+        }
+        self.phase ^= 1;
+        self.consumed += n;
+        let top = positions.iter().map(Pos3::max).max().unwrap_or(0);
+        self.max_pos = Some(self.max_pos.map_or(top, |m| m.max(top)));
+        if g_rows == 1 {
+            // The decode output is the image itself; F32 logits are read in place.
+            self.image_in_decode_buffer = true;
+            let raw = &self.decode.logits.as_bytes()[..len];
+            if self.shape.logits == DType::F32 && bytemuck::try_cast_slice::<u8, f32>(raw).is_ok() {
+                self.logits_at = LogitsAt::DecodeBuffer;
+            } else {
+                let (dtype, scale) = self.logits_format();
+                Self::dequantise_into(dtype, scale, self.shape.vocab, raw, &mut self.logits);
+                self.logits_at = LogitsAt::Vec;
+            }
+        } else {
+            // A prefill chunk: its last row replaces the first row of the decode image.
+            self.materialise_image();
+            let io = self
+                .prefill
+                .as_ref()
+                .expect("a prefill run used the prefill graph");
+            self.logit_image[..len].copy_from_slice(&io.logits.as_bytes()[off..off + len]);
+            self.logits_from_image();
+        }
+        Ok(())
+    }
+
+    /// After a padded chunk the window-indexed K/V caches end with `pads` zero rows; move the
+    /// real rows back to the right end and zero the front (contract §4.4): `P` grows by the
+    /// real rows only. Only the last `filled` rows (`P` before the chunk + `N`) can be
+    /// non-zero — the window is right-aligned and starts zeroed — so only they move, and the
+    /// cost follows the conversation, not the window size.
+    fn unpad_windows(
+        set: &mut [DeviceBuffer],
+        shape: &StateShape,
+        pads: usize,
+        filled: usize,
+    ) -> Result<(), EngineError> {
+        let first = shape.context - filled.min(shape.context);
+        for (buf, layout) in set.iter_mut().zip(&shape.caches) {
+            let Some(row) = layout.window_row_bytes else {
+                continue;
+            };
+            let (start, end) = (first * row, shape.context * row);
+            buf.invalidate_range(start, end - start)
+                .map_err(|e| device("INVALIDATE", e))?;
+            let bytes = buf.as_mut_bytes();
+            let shift = pads * row;
+            bytes.copy_within(start..end - shift, start + shift);
+            bytes[start..start + shift].fill(0);
+            buf.clean_range(start, end - start)
+                .map_err(|e| device("CLEAN", e))?;
+        }
+        Ok(())
     }
 }
 
@@ -471,87 +902,51 @@ impl Backend for BpuBackend {
     }
 
     fn run_rows(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<(), EngineError> {
+        self.run_chunk(rows, positions, None)
+    }
+
+    fn step_interruptible(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        let h = self.info.hidden;
         let n = positions.len();
-        let h = self.shape.hidden;
-        if rows.len() != n * h {
+        if n == 0 || rows.len() != n * h {
             return Err(EngineError::Shape {
-                what: "rows [n, hidden]",
-                expected: n * h,
+                what: "rows [n, hidden] for n positions",
+                expected: n.max(1) * h,
                 found: rows.len(),
             });
-        }
-        let chunk = self.info.prefill_chunk;
-        if !(n == 1 || (chunk >= 2 && n == chunk)) {
-            return Err(EngineError::RowCount { rows: n, chunk });
         }
         let left = self.context_left();
         if n > left {
             return Err(EngineError::ContextOverflow { needed: n, left });
         }
-        let rope: Vec<qwen35::Pos3> = positions.iter().map(to_rope).collect();
-        let (cos, sin) =
-            qwen35::rope_tables(&rope, self.shape.rot, self.cfg.rope_theta, &self.axes);
-        let mask = qwen35::window_mask(self.consumed, n, self.shape.context, self.shape.mask_heads);
-        let io = if n == 1 {
-            &mut self.decode
-        } else {
-            self.prefill
-                .as_mut()
-                .ok_or(EngineError::RowCount { rows: n, chunk })?
-        };
-        let specs = io.graph.inputs()[..FIXED_IN].to_vec();
-        for (i, data) in [rows, &cos, &sin, &mask].into_iter().enumerate() {
-            Self::write(&mut io.fixed[i], &specs[i], data)?;
-        }
-        let (a, b) = self.sets.split_at_mut(1);
-        let (cur, next) = if self.phase == 0 {
-            (&a[0], &mut b[0])
-        } else {
-            (&b[0], &mut a[0])
-        };
-        let mut inputs: Vec<&DeviceBuffer> = io.fixed.iter().collect();
-        inputs.extend(cur.iter());
-        let mut outputs: Vec<&mut DeviceBuffer> = vec![&mut io.logits];
-        outputs.extend(next.iter_mut());
-        let what = if n == 1 { "decode run" } else { "prefill run" };
-        io.graph
-            .run(&inputs, &mut outputs, &self.sched)
-            .map_err(|e| device(what, e))?;
-        io.logits
-            .invalidate()
-            .map_err(|e| device("INVALIDATE", e))?;
-        // Last row of the logits output, copied to the start of the decode-logits image.
-        let out = &io.graph.outputs()[0];
-        let last = out.rows().saturating_sub(1);
-        let off = out.row_offset(last);
-        let len = self.shape.vocab
-            * if self.shape.logits == DType::S16 {
-                2
+        let chunk = self.info.prefill_chunk;
+        let mut i = 0;
+        while i < n {
+            if interrupt() {
+                return Ok(false);
+            }
+            let rest = n - i;
+            let (take, padded) = if chunk >= 2 && rest >= chunk {
+                (chunk, false)
+            } else if self.pad_tail_fits(rest) {
+                (rest, true)
             } else {
-                4
+                (1, false)
             };
-        let src = io
-            .logits
-            .as_bytes()
-            .get(off..off + len)
-            .ok_or(EngineError::Shape {
-                what: "logits row inside the output buffer",
-                expected: off + len,
-                found: io.logits.size(),
-            })?;
-        if n == 1 {
-            let full = io.logits.as_bytes();
-            let k = full.len().min(self.logit_image.len());
-            self.logit_image[..k].copy_from_slice(&full[..k]);
+            let (r, p) = (&rows[i * h..(i + take) * h], &positions[i..i + take]);
+            if padded {
+                self.run_chunk(r, p, Some(chunk))?;
+            } else {
+                self.run_chunk(r, p, None)?;
+            }
+            i += take;
         }
-        self.logit_image[..len].copy_from_slice(src);
-        self.phase ^= 1;
-        self.consumed += n;
-        let top = positions.iter().map(Pos3::max).max().unwrap_or(0);
-        self.max_pos = Some(self.max_pos.map_or(top, |m| m.max(top)));
-        let l = self.dequantise(&self.logit_image[..len]);
-        self.logits = Some(l);
-        Ok(())
+        Ok(true)
     }
 
     fn consumed(&self) -> usize {
@@ -563,7 +958,14 @@ impl Backend for BpuBackend {
     }
 
     fn last_logits(&self) -> Option<&[f32]> {
-        self.logits.as_deref()
+        match self.logits_at {
+            LogitsAt::Nowhere => None,
+            LogitsAt::Vec => Some(&self.logits),
+            LogitsAt::DecodeBuffer => {
+                let len = self.shape.vocab * 4;
+                bytemuck::try_cast_slice(&self.decode.logits.as_bytes()[..len]).ok()
+            }
+        }
     }
 
     fn reset(&mut self) -> Result<(), EngineError> {
@@ -576,12 +978,15 @@ impl Backend for BpuBackend {
         self.phase = 0;
         self.consumed = 0;
         self.max_pos = None;
-        self.logits = None;
+        self.logits_at = LogitsAt::Nowhere;
+        self.logits.clear();
+        self.image_in_decode_buffer = false;
         self.logit_image.fill(0);
         Ok(())
     }
 
     fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
+        self.materialise_image();
         let set = &mut self.sets[self.phase];
         for buf in set.iter_mut() {
             buf.invalidate().map_err(|e| device("INVALIDATE", e))?;
@@ -622,8 +1027,12 @@ impl Backend for BpuBackend {
         self.consumed = view.consumed;
         self.max_pos = view.max_pos;
         self.logit_image.copy_from_slice(view.logits);
-        let len = self.row_bytes();
-        self.logits = (view.consumed > 0).then(|| self.dequantise(&self.logit_image[..len]));
+        self.image_in_decode_buffer = false;
+        if view.consumed > 0 {
+            self.logits_from_image();
+        } else {
+            self.logits_at = LogitsAt::Nowhere;
+        }
         tracing::debug!(
             bytes = blob.size_bytes(),
             consumed = view.consumed,

@@ -1,5 +1,8 @@
 //! Argument structure of the `vlm` binary (clap derive), one module per subcommand.
 
+mod bench;
+mod chat;
+mod check;
 mod generate;
 mod make_sim_package;
 
@@ -18,6 +21,12 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Chat with a package or an HF checkpoint: one turn (--prompt) or a REPL on stdin.
+    Chat(chat::ChatArgs),
+    /// Check a package against the contract: its graphs, their I/O, every violation.
+    Check(check::CheckArgs),
+    /// Load time, text and image TTFT, decode tok/s (medians over repeats); host overhead.
+    Bench(bench::BenchArgs),
     /// Greedy generation from token ids (and images for the image slots of the prompt).
     Generate(generate::GenerateArgs),
     /// Turn an HF Qwen3.5 checkpoint into a package whose graphs run on the BPU simulator.
@@ -26,6 +35,9 @@ pub enum Command {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Chat(args) => chat::run(&args),
+        Command::Check(args) => check::run(&args),
+        Command::Bench(args) => bench::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::MakeSimPackage(args) => make_sim_package::run(&args),
     }

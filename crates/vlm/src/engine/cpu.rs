@@ -181,17 +181,15 @@ impl Backend for CpuBackend {
     }
 
     fn embed(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
-        let h = self.info.hidden;
-        let table = self.model.text.embed_table();
-        out.reserve(ids.len() * h);
-        for &id in ids {
-            let i = id as usize;
-            let row = table.get(i * h..(i + 1) * h).ok_or(EngineError::TokenId {
+        // Row by row from the table as stored (bf16 stays bf16: no widened copy of it).
+        let rows = self.model.text.embed(ids).map_err(|e| match e {
+            qwen35::Error::TokenId { id, .. } => EngineError::TokenId {
                 id,
                 vocab: self.info.vocab,
-            })?;
-            out.extend_from_slice(row);
-        }
+            },
+            other => EngineError::Cpu(other),
+        })?;
+        out.extend_from_slice(&rows);
         Ok(())
     }
 

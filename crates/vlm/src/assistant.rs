@@ -1,0 +1,584 @@
+//! The conversation layer shared by `vlm chat` and the ROS node: one model (a BLLM package on
+//! the BPU or simulator, or an HF checkpoint on the CPU) answering chat turns.
+//!
+//! It owns what both front ends would otherwise repeat: opening the model and its tokenizer,
+//! the chat template, the system prefix prefilled once and restored per fresh conversation,
+//! parked conversations as decode-state snapshots, and the mapping of a turn's settings onto
+//! the sampler and the stream. It must not know about ROS, threads or async: the caller owns
+//! the one thread that drives an [`Assistant`] (BPU handles are not `Send`).
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::bpu::{BpuBackend, BpuError, BpuOptions};
+use crate::chat::{ChatError, ChatTemplate, ImageSlot, Pos3, SystemOptions, UserTurn};
+use crate::engine::{
+    Backend, BackendInfo, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError, ImageInput,
+    StateBlob,
+};
+use crate::package::{ChatConfig, ChatFormat, Dialect};
+use crate::sampler::{Sampler, SamplingParams};
+use crate::stream::{Completion, Event, FinishReason, StreamConfig};
+use crate::vision::PixelValues;
+
+/// Where the model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A BLLM package folder (`model.json`); board libraries or the simulator per its files.
+    Package(PathBuf),
+    /// An HF Qwen3.5 checkpoint folder, run by `qwen35` on the CPU.
+    Hf(PathBuf),
+}
+
+impl ModelSource {
+    pub fn dir(&self) -> &Path {
+        match self {
+            Self::Package(d) | Self::Hf(d) => d,
+        }
+    }
+}
+
+/// How to open a model.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// `false`: text only; a package's `visual.hbm` is never opened.
+    pub vision: bool,
+    /// BPU settings (packages); `no_vision` is taken from [`OpenOptions::vision`].
+    pub bpu: BpuOptions,
+    /// CPU settings (HF checkpoints).
+    pub cpu: CpuOptions,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            vision: true,
+            bpu: BpuOptions::default(),
+            cpu: CpuOptions::default(),
+        }
+    }
+}
+
+/// Errors of opening a model or answering a turn.
+#[derive(Debug, thiserror::Error)]
+pub enum AssistantError {
+    #[error(transparent)]
+    Bpu(#[from] BpuError),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("chat template: {0}")]
+    Chat(#[from] ChatError),
+    #[error("{}: {reason}", path.display())]
+    File { path: PathBuf, reason: String },
+    /// The turn itself is unusable (empty text, images for a text-only model, ...).
+    #[error("invalid turn: {0}")]
+    Turn(String),
+}
+
+impl AssistantError {
+    /// The turn did not fit the free window slots.
+    pub fn is_context_overflow(&self) -> bool {
+        matches!(self, Self::Engine(EngineError::ContextOverflow { .. }))
+    }
+}
+
+/// Either backend behind one type, so the engine, sampler and stream are shared.
+pub enum AnyBackend {
+    Bpu(Box<BpuBackend>),
+    Cpu(Box<CpuBackend>),
+}
+
+macro_rules! each {
+    ($self:ident, $b:ident => $e:expr) => {
+        match $self {
+            AnyBackend::Bpu($b) => $e,
+            AnyBackend::Cpu($b) => $e,
+        }
+    };
+}
+
+impl Backend for AnyBackend {
+    fn info(&self) -> &BackendInfo {
+        each!(self, b => b.info())
+    }
+    fn embed(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        each!(self, b => b.embed(ids, out))
+    }
+    fn encode_image(&mut self, pixels: &PixelValues) -> Result<Vec<f32>, EngineError> {
+        each!(self, b => b.encode_image(pixels))
+    }
+    fn run_rows(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<(), EngineError> {
+        each!(self, b => b.run_rows(rows, positions))
+    }
+    fn consumed(&self) -> usize {
+        each!(self, b => b.consumed())
+    }
+    fn max_pos(&self) -> Option<u32> {
+        each!(self, b => b.max_pos())
+    }
+    fn last_logits(&self) -> Option<&[f32]> {
+        each!(self, b => b.last_logits())
+    }
+    fn reset(&mut self) -> Result<(), EngineError> {
+        each!(self, b => b.reset())
+    }
+    fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
+        each!(self, b => b.snapshot())
+    }
+    fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
+        each!(self, b => b.restore(blob))
+    }
+    // A backend may schedule its own rows (the BPU's padded tail), so delegate this too.
+    fn step_interruptible(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        each!(self, b => b.step_interruptible(rows, positions, interrupt))
+    }
+}
+
+/// What was opened, for logs, diagnostics and `vlm chat`'s banner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelInfo {
+    pub name: String,
+    /// `bpu` (board libraries), `bpu-sim` (the simulator) or `cpu`.
+    pub backend: &'static str,
+    pub dir: PathBuf,
+    pub context: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    /// Image bucket side in pixels; `None` = text only.
+    pub image_side: Option<usize>,
+    /// The package's (or checkpoint's) own system prompt.
+    pub system: String,
+}
+
+/// One user turn with its generation settings.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub text: String,
+    /// Images of the turn, in order (each becomes one image block before the text).
+    pub images: Vec<ImageInput>,
+    pub thinking: bool,
+    /// System prompt of a fresh conversation; `None` = the model's own. Ignored when
+    /// continuing a conversation (its system block is already in the state).
+    pub system: Option<String>,
+    /// OpenAI-style tool list, rendered into the system block of a fresh conversation.
+    pub tools: Vec<Value>,
+    pub sampling: SamplingParams,
+    pub max_new_tokens: usize,
+    pub stop: Vec<String>,
+    /// Stop at the model's eos ids.
+    pub use_default_stop: bool,
+    pub deadline: Option<Instant>,
+    pub cancel: Option<Arc<AtomicBool>>,
+    /// TTFT is measured from here (the request's arrival).
+    pub started: Instant,
+}
+
+impl Turn {
+    /// A text turn with greedy decoding and the model's defaults.
+    pub fn new(text: impl Into<String>, max_new_tokens: usize) -> Self {
+        Self {
+            text: text.into(),
+            images: Vec::new(),
+            thinking: false,
+            system: None,
+            tools: Vec::new(),
+            sampling: SamplingParams::default(),
+            max_new_tokens,
+            stop: Vec::new(),
+            use_default_stop: true,
+            deadline: None,
+            cancel: None,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// A conversation parked between turns: the whole decode state after its last answer.
+#[derive(Debug, Clone)]
+pub struct Conversation {
+    id: u64,
+    state: StateBlob,
+    turns: usize,
+}
+
+impl Conversation {
+    /// Bytes held by the snapshot.
+    pub fn size_bytes(&self) -> usize {
+        self.state.size_bytes()
+    }
+
+    /// Turns answered so far.
+    pub fn turns(&self) -> usize {
+        self.turns
+    }
+
+    /// Window slots the conversation occupies.
+    pub fn consumed(&self) -> Option<usize> {
+        self.state.consumed()
+    }
+}
+
+/// The outcome of one turn.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub completion: Completion,
+    /// The conversation including this turn; `None` when the turn did not finish (cancel,
+    /// timeout), so a session continues from its previous state.
+    pub conversation: Option<Conversation>,
+    /// Seed the sampler used (reproduce a sampled answer with it).
+    pub seed: u64,
+}
+
+/// What the backend's decode state currently holds, to skip needless restores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resident {
+    Unknown,
+    Conversation(u64),
+}
+
+static NEXT_CONVERSATION: AtomicU64 = AtomicU64::new(1);
+
+/// One model answering turns. Not `Send` with a BPU backend: keep it on one thread.
+pub struct Assistant {
+    engine: Engine<AnyBackend>,
+    template: ChatTemplate,
+    eos: Vec<u32>,
+    info: ModelInfo,
+    /// The system block last prefilled (its text) and the state right after it.
+    prefix: Option<(String, StateBlob)>,
+    resident: Resident,
+}
+
+impl std::fmt::Debug for Assistant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Assistant")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+fn load_tokenizer(path: &Path) -> Result<Arc<Tokenizer>, AssistantError> {
+    Tokenizer::from_file(path)
+        .map(Arc::new)
+        .map_err(|e| AssistantError::File {
+            path: path.to_owned(),
+            reason: format!("cannot load the tokenizer: {e}"),
+        })
+}
+
+/// eos ids of an HF checkpoint: `generation_config.json`, else `config.json`'s text config.
+fn hf_eos(dir: &Path) -> Result<Vec<u32>, AssistantError> {
+    let ids = |v: &Value| -> Vec<u32> {
+        match v {
+            Value::Number(n) => n
+                .as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .into_iter()
+                .collect(),
+            Value::Array(a) => a
+                .iter()
+                .filter_map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    for (file, pointers) in [
+        ("generation_config.json", &["/eos_token_id"][..]),
+        (
+            "config.json",
+            &["/text_config/eos_token_id", "/eos_token_id"][..],
+        ),
+    ] {
+        let path = dir.join(file);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let json: Value = serde_json::from_str(&text).map_err(|e| AssistantError::File {
+            path: path.clone(),
+            reason: format!("invalid JSON: {e}"),
+        })?;
+        for p in pointers {
+            if let Some(v) = json.pointer(p) {
+                let found = ids(v);
+                if !found.is_empty() {
+                    return Ok(found);
+                }
+            }
+        }
+    }
+    Ok(Vec::new())
+}
+
+impl Assistant {
+    /// Opens a model. For simulator packages the calling thread's simulator runs the graphs.
+    pub fn open(source: &ModelSource, opts: &OpenOptions) -> Result<Self, AssistantError> {
+        let (backend, tokenizer, chat, dialect, eos, name, kind) = match source {
+            ModelSource::Package(dir) => {
+                let mut bpu = opts.bpu.clone();
+                bpu.no_vision = !opts.vision;
+                let b = BpuBackend::open(dir, &bpu)?;
+                let cfg = b.config().clone();
+                let kind = match b.implementation() {
+                    bpu_sim::Implementation::Sim => "bpu-sim",
+                    bpu_sim::Implementation::Board => "bpu",
+                };
+                let tokenizer = load_tokenizer(&cfg.tokenizer)?;
+                let name = cfg.name.clone();
+                (
+                    AnyBackend::Bpu(Box::new(b)),
+                    tokenizer,
+                    cfg.chat,
+                    cfg.dialect,
+                    cfg.eos,
+                    name,
+                    kind,
+                )
+            }
+            ModelSource::Hf(dir) => {
+                let b = CpuBackend::load(dir, opts.cpu)?;
+                let tokenizer = load_tokenizer(&dir.join("tokenizer.json"))?;
+                let chat = ChatConfig {
+                    format: ChatFormat::ChatMl,
+                    im_start: None,
+                    im_end: None,
+                    bos: None,
+                    system: String::new(),
+                };
+                let name = dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| dir.display().to_string());
+                (
+                    AnyBackend::Cpu(Box::new(b)),
+                    tokenizer,
+                    chat,
+                    Dialect::Qwen35,
+                    hf_eos(dir)?,
+                    name,
+                    "cpu",
+                )
+            }
+        };
+        if eos.is_empty() {
+            tracing::warn!(model = %name, "the model declares no eos id: answers end only at max_new_tokens, a stop string or the window end");
+        }
+        let template = ChatTemplate::new(tokenizer.clone(), &chat, dialect)?;
+        let bi = backend.info().clone();
+        let info = ModelInfo {
+            name,
+            backend: kind,
+            dir: source.dir().to_owned(),
+            context: bi.context,
+            vocab: bi.vocab,
+            hidden: bi.hidden,
+            // `vision: false` on the CPU keeps the tower loaded but never offers it.
+            image_side: bi.vision.filter(|_| opts.vision).map(|v| v.geometry.side),
+            system: chat.system.clone(),
+        };
+        tracing::info!(
+            model = %info.name,
+            backend = info.backend,
+            context = info.context,
+            vision = ?info.image_side,
+            "model opened"
+        );
+        Ok(Self {
+            engine: Engine::new(backend, tokenizer),
+            template,
+            eos,
+            info,
+            prefix: None,
+            resident: Resident::Unknown,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    pub fn eos(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// Direct engine access (tests, benchmarks). Invalidates the resident-state shortcut.
+    pub fn engine_mut(&mut self) -> &mut Engine<AnyBackend> {
+        self.resident = Resident::Unknown;
+        &mut self.engine
+    }
+
+    /// Bytes held by the cached system prefix snapshot.
+    pub fn prefix_bytes(&self) -> usize {
+        self.prefix.as_ref().map_or(0, |(_, b)| b.size_bytes())
+    }
+
+    /// Runs every graph once (system prefix prefill, one decode step, the tower when there
+    /// is one) so the first real request does not pay first-run costs.
+    pub fn warm_up(&mut self, system: Option<String>) -> Result<(), AssistantError> {
+        let t0 = Instant::now();
+        let mut turn = Turn::new("hi", 1);
+        turn.system = system;
+        if let Some(side) = self.info.image_side {
+            let black = crate::vision::RgbImage::new(side, side, vec![0; side * side * 3])
+                .map_err(EngineError::from)?;
+            turn.images.push(ImageInput::Rgb(black));
+        }
+        self.ask(None, &turn, &mut |_| {})?;
+        tracing::info!(ms = t0.elapsed().as_millis() as u64, "warm-up done");
+        Ok(())
+    }
+
+    /// Answers `turn`, continuing `conversation` when given (else a fresh one starting with
+    /// the system block), streaming events into `on_event`.
+    pub fn ask(
+        &mut self,
+        conversation: Option<&Conversation>,
+        turn: &Turn,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Reply, AssistantError> {
+        if turn.text.trim().is_empty() {
+            return Err(AssistantError::Turn("the prompt is empty".into()));
+        }
+        let slot = match (turn.images.is_empty(), self.info.image_side) {
+            (true, _) => None,
+            (false, None) => return Err(AssistantError::Engine(EngineError::NoVision)),
+            (false, Some(_)) => self.slot(),
+        };
+        let user = UserTurn {
+            text: &turn.text,
+            images: slot.map_or_else(Vec::new, |s| vec![s; turn.images.len()]),
+            thinking: turn.thinking,
+        };
+        // Rows fed before the turn's own prompt (the system block of a fresh conversation).
+        let mut prefix_rows = 0;
+        let (prompt, turns, id) = match conversation {
+            Some(c) => {
+                if self.resident != Resident::Conversation(c.id) {
+                    self.resident = Resident::Unknown;
+                    self.engine.backend_mut().restore(&c.state)?;
+                }
+                (self.template.render(None, &user)?, c.turns, c.id)
+            }
+            None => {
+                prefix_rows = self.load_prefix(&SystemOptions {
+                    system: turn.system.clone(),
+                    tools: turn.tools.clone(),
+                })?;
+                (
+                    self.template.render_after_system(&user)?,
+                    0,
+                    NEXT_CONVERSATION.fetch_add(1, Ordering::Relaxed),
+                )
+            }
+        };
+        // From here the backend's state is this turn's, whatever happens.
+        self.resident = Resident::Unknown;
+        let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        let seed = sampler.seed();
+        let qwen = *self.template.dialect() == Dialect::Qwen35;
+        let stream = StreamConfig {
+            eos: if turn.use_default_stop {
+                self.eos.clone()
+            } else {
+                Vec::new()
+            },
+            stop: turn.stop.clone(),
+            max_new_tokens: turn.max_new_tokens,
+            deadline: turn.deadline,
+            cancel: turn.cancel.clone(),
+            think_split: qwen,
+            starts_in_think: prompt.starts_in_think,
+            tool_calls: qwen || !turn.tools.is_empty(),
+            tools: turn.tools.clone(),
+            prompt_tokens: 0,
+            started: turn.started,
+        };
+        let mut gen = self.engine.generate(
+            &prompt,
+            &turn.images,
+            &mut sampler,
+            stream,
+            DecodeOptions::default(),
+            on_event,
+        )?;
+        gen.completion.timings.prompt_tokens += prefix_rows;
+        let finished = matches!(
+            gen.completion.finish_reason,
+            FinishReason::Stop | FinishReason::Length
+        );
+        let conversation = if finished {
+            let state = self.engine.backend_mut().snapshot()?;
+            tracing::debug!(
+                conversation = id,
+                bytes = state.size_bytes(),
+                "conversation snapshot"
+            );
+            self.resident = Resident::Conversation(id);
+            Some(Conversation {
+                id,
+                state,
+                turns: turns + 1,
+            })
+        } else {
+            None
+        };
+        Ok(Reply {
+            completion: gen.completion,
+            conversation,
+            seed,
+        })
+    }
+
+    fn slot(&self) -> Option<ImageSlot> {
+        self.info.image_side?;
+        self.engine
+            .backend()
+            .info()
+            .vision
+            .map(|v| ImageSlot::square(v.geometry.merged_side() as u32))
+    }
+
+    /// Puts the state right after the system block: restored from the cached snapshot when
+    /// the block is the cached one, else prefilled and cached.
+    /// Returns the prefix's row count.
+    fn load_prefix(&mut self, opts: &SystemOptions) -> Result<usize, AssistantError> {
+        let text = self.template.system_text(opts)?;
+        if let Some((cached, blob)) = &self.prefix {
+            if *cached == text {
+                self.engine.backend_mut().restore(blob)?;
+                return Ok(self.engine.backend().consumed());
+            }
+        }
+        let ids = self.template.system_prefix(opts)?;
+        let backend = self.engine.backend_mut();
+        backend.reset()?;
+        let mut rows = Vec::new();
+        backend.embed(&ids, &mut rows)?;
+        let positions: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
+        if !positions.is_empty() {
+            backend.step(&rows, &positions)?;
+        }
+        let blob = backend.snapshot()?;
+        tracing::info!(
+            tokens = ids.len(),
+            bytes = blob.size_bytes(),
+            "system prefix prefilled and cached"
+        );
+        self.prefix = Some((text, blob));
+        Ok(ids.len())
+    }
+}

@@ -1,0 +1,335 @@
+//! `vlm check`: every contract violation of a package, not just the first — the manifest, the
+//! implementation its `.hbm` files need (and the libraries for it), the BPU march, the ION pool,
+//! each graph's I/O against the contract (§3.1, §4.1–§4.2, §6) and the embedding table's size.
+//! Loads the graphs (under the engine lock on a board) but allocates no cache set.
+
+use std::path::{Path, PathBuf};
+
+use bpu_sim::Implementation;
+use hbdnn::{DType, Graph, PackedModel, Runtime, TensorSpec};
+
+use crate::package::{LoadOptions, ModelConfig};
+
+use super::{contract, lock, pool, BpuError, BpuOptions, EmbedTable, EngineLock};
+
+/// One contract violation: the file and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.path.display(), self.reason)
+    }
+}
+
+/// One graph and its I/O.
+#[derive(Debug, Clone)]
+pub struct GraphReport {
+    pub file: PathBuf,
+    pub name: String,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// What `check` found.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    pub config: Option<ModelConfig>,
+    pub implementation: Option<Implementation>,
+    /// `(file, bytes)` of every `.hbm` the package loads.
+    pub files: Vec<(PathBuf, u64)>,
+    pub pool: Option<pool::PoolReading>,
+    pub graphs: Vec<GraphReport>,
+    /// Decode shape (hidden, vocab, window …) when the decode graph passed.
+    pub decode: Option<contract::DecodeShape>,
+    /// Prefill rows per chunk when a compatible prefill graph exists.
+    pub prefill_chunk: Option<usize>,
+    pub violations: Vec<Violation>,
+}
+
+impl CheckReport {
+    fn violation(&mut self, path: &Path, reason: impl Into<String>) {
+        self.violations.push(Violation {
+            path: path.to_owned(),
+            reason: reason.into(),
+        });
+    }
+
+    fn error(&mut self, e: &BpuError, fallback: &Path) {
+        let (path, reason) = split(e, fallback);
+        self.violation(&path, reason);
+    }
+}
+
+/// A `BpuError`'s file and the rest of its message.
+fn split(e: &BpuError, fallback: &Path) -> (PathBuf, String) {
+    let msg = e.to_string();
+    let path = match e {
+        BpuError::Hbdnn { path, .. }
+        | BpuError::Contract { path, .. }
+        | BpuError::Embed { path, .. }
+        | BpuError::Config { path, .. }
+        | BpuError::Busy { path }
+        | BpuError::Lock { path, .. }
+        | BpuError::Pool { path, .. }
+        | BpuError::March { path, .. } => path.clone(),
+        _ => return (fallback.to_owned(), msg),
+    };
+    let prefix = format!("{}: ", path.display());
+    let reason = msg.strip_prefix(&prefix).map_or(msg.clone(), str::to_owned);
+    (path, reason)
+}
+
+/// Checks the package in `dir` (vision included unless `opts.no_vision`).
+pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
+    let mut r = CheckReport::default();
+    let manifest = dir.join(crate::package::MANIFEST);
+    let cfg = match ModelConfig::load(
+        dir,
+        LoadOptions {
+            vision: !opts.no_vision,
+        },
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            // Everything else depends on a readable manifest naming existing files.
+            let msg = e.to_string();
+            let prefix = format!("{}: ", manifest.display());
+            let reason = msg.strip_prefix(&prefix).map_or(msg.clone(), str::to_owned);
+            r.violation(&manifest, reason);
+            return r;
+        }
+    };
+    let mut files = vec![cfg.hbm.clone()];
+    files.extend(cfg.existing_hbm_prefill().map(Path::to_owned));
+    files.extend(cfg.visual.clone());
+    for f in &files {
+        let len = std::fs::metadata(f).map_or(0, |m| m.len());
+        r.files.push((f.clone(), len));
+    }
+    let implementation = match bpu_sim::inspect_package(&files, opts.implementation) {
+        Ok(i) => i,
+        Err(e) => {
+            r.error(&BpuError::Detect(e), &cfg.hbm);
+            r.config = Some(cfg);
+            return r;
+        }
+    };
+    r.implementation = Some(implementation);
+    let _lock = match (
+        implementation,
+        opts.lock_path.clone().or_else(lock::env_lock_path),
+    ) {
+        (_, Some(p)) => Some(EngineLock::acquire(&p)),
+        (Implementation::Board, None) => Some(EngineLock::acquire(&lock::default_lock_path())),
+        (Implementation::Sim, None) => None,
+    }
+    .transpose();
+    if let Err(e) = &_lock {
+        r.error(e, &cfg.hbm);
+        r.config = Some(cfg);
+        return r;
+    }
+    if implementation == Implementation::Sim {
+        if let Err(e) = super::check_sim_march(&files) {
+            r.error(&e, &cfg.hbm);
+        }
+    }
+    let reading = match implementation {
+        Implementation::Sim => pool::sim_pool(),
+        Implementation::Board => pool::board_pool(),
+    };
+    let hbm_bytes: u64 = r
+        .files
+        .iter()
+        .map(|&(_, n)| match implementation {
+            Implementation::Board => pool::with_load_margin(n),
+            Implementation::Sim => n,
+        })
+        .sum();
+    if let Err(e) = pool::check("the .hbm files", hbm_bytes, &reading, &cfg.hbm) {
+        r.error(&e, &cfg.hbm);
+    }
+    r.pool = Some(reading);
+    if !r.violations.is_empty() {
+        // A march or pool problem: loading would fail (or worse, on a board).
+        r.config = Some(cfg);
+        return r;
+    }
+    let runtime = match implementation {
+        Implementation::Sim => match bpu_sim::table() {
+            Ok(t) => Runtime::new(t),
+            Err(e) => {
+                r.error(&BpuError::SimTable(e), &cfg.hbm);
+                r.config = Some(cfg);
+                return r;
+            }
+        },
+        Implementation::Board => match Runtime::board(opts.lib_dir.as_deref()) {
+            Ok(rt) => rt,
+            Err(source) => {
+                let path = opts
+                    .lib_dir
+                    .clone()
+                    .unwrap_or_else(|| PathBuf::from("board libraries"));
+                r.violation(&path, format!("libraries not found or unusable: {source}"));
+                r.config = Some(cfg);
+                return r;
+            }
+        },
+    };
+    let mut models: Vec<(PathBuf, PackedModel)> = Vec::new();
+    for f in &files {
+        match runtime.load(&[f]) {
+            Ok(m) => {
+                for name in m.graph_names().to_vec() {
+                    match m.graph(&name) {
+                        Ok(g) => r.graphs.push(GraphReport {
+                            file: f.clone(),
+                            name: name.clone(),
+                            inputs: g.inputs().to_vec(),
+                            outputs: g.outputs().to_vec(),
+                        }),
+                        Err(e) => r.violation(f, format!("graph `{name}`: {e}")),
+                    }
+                }
+                models.push((f.clone(), m));
+            }
+            Err(source) => r.error(&super::load_error(f, source), f),
+        }
+    }
+    check_graphs(&mut r, &cfg, &models);
+    r.config = Some(cfg);
+    r
+}
+
+fn find<'a>(models: &'a [(PathBuf, PackedModel)], file: &Path) -> Option<&'a PackedModel> {
+    models.iter().find(|(p, _)| p == file).map(|(_, m)| m)
+}
+
+fn check_graphs(r: &mut CheckReport, cfg: &ModelConfig, models: &[(PathBuf, PackedModel)]) {
+    let Some(main) = find(models, &cfg.hbm) else {
+        return;
+    };
+    if !main.has_graph(&cfg.graph) {
+        r.violation(
+            &cfg.hbm,
+            format!(
+                "graph contract mismatch: no graph `{}` (has {:?})",
+                cfg.graph,
+                main.graph_names()
+            ),
+        );
+        return;
+    }
+    let dec = match main.graph(&cfg.graph) {
+        Ok(g) => g,
+        Err(e) => {
+            r.violation(&cfg.hbm, e.to_string());
+            return;
+        }
+    };
+    let shape = match contract::check_decode(&dec) {
+        Ok(s) => s,
+        Err(reason) => {
+            r.violation(&cfg.hbm, format!("graph contract mismatch: {reason}"));
+            return;
+        }
+    };
+    if cfg.cache_len != 0 && shape.context != cfg.cache_len as usize {
+        r.violation(
+            &cfg.manifest,
+            format!(
+                "`cache_len` {} differs from the decode graph's window {} (mask of {})",
+                cfg.cache_len,
+                shape.context,
+                cfg.hbm.display()
+            ),
+        );
+    }
+    let pre_name = cfg.prefill_graph();
+    let holder: Option<(PathBuf, &PackedModel)> = cfg
+        .existing_hbm_prefill()
+        .and_then(|p| find(models, p).map(|m| (p.to_owned(), m)))
+        .filter(|(_, m)| m.has_graph(&pre_name))
+        .or_else(|| main.has_graph(&pre_name).then(|| (cfg.hbm.clone(), main)));
+    if let Some((path, m)) = holder {
+        match m.graph(&pre_name) {
+            Ok(g) => match contract::check_prefill(&g, &dec, &shape) {
+                Ok(n) => r.prefill_chunk = Some(n),
+                Err(reason) => r.violation(
+                    &path,
+                    format!("graph contract mismatch: prefill graph `{pre_name}`: {reason} (the runtime would step every row)"),
+                ),
+            },
+            Err(e) => r.violation(&path, e.to_string()),
+        }
+    }
+    match &cfg.embed {
+        Some(p) => {
+            if let Err(e) = EmbedTable::open(p, shape.vocab, shape.hidden) {
+                r.error(&e, p);
+            }
+        }
+        None => r.violation(&cfg.manifest, "the package names no `embed` table"),
+    }
+    if let Some(vp) = &cfg.visual {
+        if let Some(m) = find(models, vp) {
+            check_tower(r, cfg, vp, m, shape.hidden);
+        }
+    }
+    r.decode = Some(shape);
+}
+
+fn check_tower(
+    r: &mut CheckReport,
+    cfg: &ModelConfig,
+    path: &Path,
+    m: &PackedModel,
+    hidden: usize,
+) {
+    let Some(name) = m.graph_names().first().cloned() else {
+        r.violation(path, "graph contract mismatch: no graph in the file");
+        return;
+    };
+    let g: Graph = match m.graph(&name) {
+        Ok(g) => g,
+        Err(e) => {
+            r.violation(path, e.to_string());
+            return;
+        }
+    };
+    let (i, o) = (g.inputs(), g.outputs());
+    if i.len() != 1 || o.len() != 1 || i[0].rank() != 2 || o[0].rank() != 2 {
+        r.violation(
+            path,
+            format!("graph contract mismatch: tower `{name}` must have one 2-D input and one 2-D output"),
+        );
+        return;
+    }
+    if o[0].last_dim() != hidden || !matches!(o[0].dtype, DType::F32 | DType::S16) {
+        r.violation(
+            path,
+            format!(
+                "graph contract mismatch: tower output {:?} {:?} is not [n, {hidden}] F32/S16",
+                o[0].shape, o[0].dtype
+            ),
+        );
+    }
+    let v = &cfg.vision;
+    if let Err(e) = crate::vision::Geometry::from_tower_input(
+        i[0].shape[0],
+        i[0].shape[1],
+        v.patch as usize,
+        v.merge as usize,
+        v.temporal as usize,
+    ) {
+        r.violation(
+            path,
+            format!("graph contract mismatch: tower input {:?}: {e}", i[0].shape),
+        );
+    }
+}

@@ -1,0 +1,251 @@
+//! `vlm chat <PACKAGE | --hf DIR> [--image PATH]... [--no-think] [sampling flags]`: one turn
+//! with `--prompt`, else a REPL on stdin that keeps the conversation (one line per turn).
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::json;
+use vlm::assistant::{Assistant, Conversation, ModelSource, OpenOptions, Reply, Turn};
+use vlm::engine::ImageInput;
+use vlm::sampler::SamplingParams;
+use vlm::stream::Event;
+use vlm::vision::RgbImage;
+
+#[derive(Debug, Args)]
+pub struct ChatArgs {
+    /// BLLM package folder (model.json); its files decide board libraries or the simulator.
+    #[arg(
+        value_name = "PACKAGE",
+        required_unless_present = "hf",
+        conflicts_with = "hf"
+    )]
+    pub package: Option<PathBuf>,
+    /// HF checkpoint folder, run on the CPU.
+    #[arg(long, value_name = "DIR")]
+    pub hf: Option<PathBuf>,
+    /// One turn with this text, then exit; without it, read turns from stdin.
+    #[arg(long, short = 'p', value_name = "TEXT")]
+    pub prompt: Option<String>,
+    /// Image for the first turn (repeatable; each is one image block).
+    #[arg(long, value_name = "PATH")]
+    pub image: Vec<PathBuf>,
+    /// Answer without thinking (the empty think block).
+    #[arg(long)]
+    pub no_think: bool,
+    /// System prompt (default: the package's).
+    #[arg(long, value_name = "TEXT")]
+    pub system: Option<String>,
+    /// OpenAI-style tool list as a JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub tools: Option<PathBuf>,
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Sampling temperature; 0 = greedy. Default: the model card's setting for the mode.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    #[arg(long)]
+    pub typical_p: Option<f32>,
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    /// Tokens the penalties look back over (-1 = the whole context).
+    #[arg(long, allow_negative_numbers = true)]
+    pub penalty_last_n: Option<i32>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop string (repeatable).
+    #[arg(long, value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// Text only: never open the vision tower.
+    #[arg(long)]
+    pub no_vision: bool,
+    /// BPU task priority (0..=255).
+    #[arg(long, default_value_t = 0)]
+    pub priority: u8,
+    /// Print each turn's result as one JSON object instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn load_image(path: &Path) -> anyhow::Result<ImageInput> {
+    let img = image::open(path)
+        .with_context(|| format!("decoding image {}", path.display()))?
+        .to_rgb8();
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    let rgb =
+        RgbImage::new(w, h, img.into_raw()).with_context(|| format!("image {}", path.display()))?;
+    Ok(ImageInput::Rgb(rgb))
+}
+
+impl ChatArgs {
+    fn sampling(&self) -> SamplingParams {
+        let mut s = if self.no_think {
+            SamplingParams::qwen35_non_thinking()
+        } else {
+            SamplingParams::qwen35_thinking()
+        };
+        let set = |dst: &mut f32, v: Option<f32>| {
+            if let Some(v) = v {
+                *dst = v;
+            }
+        };
+        set(&mut s.temperature, self.temperature);
+        set(&mut s.top_p, self.top_p);
+        set(&mut s.min_p, self.min_p);
+        set(&mut s.typical_p, self.typical_p);
+        set(&mut s.repetition_penalty, self.repetition_penalty);
+        set(&mut s.frequency_penalty, self.frequency_penalty);
+        set(&mut s.presence_penalty, self.presence_penalty);
+        if let Some(k) = self.top_k {
+            s.top_k = k;
+        }
+        if let Some(n) = self.penalty_last_n {
+            s.penalty_last_n = n;
+        }
+        s.seed = self.seed;
+        s
+    }
+}
+
+fn print_reply(reply: &Reply, json: bool, out: &mut impl Write) -> anyhow::Result<()> {
+    let c = &reply.completion;
+    if json {
+        let calls: Vec<_> = c.tool_calls.iter().map(|t| t.to_json()).collect();
+        let o = json!({
+            "answer": c.text,
+            "reasoning": c.reasoning,
+            "tool_calls": calls,
+            "finish_reason": c.finish_reason.as_str(),
+            "tokens": c.tokens,
+            "prompt_tokens": c.timings.prompt_tokens,
+            "completion_tokens": c.timings.completion_tokens,
+            "ttft_s": c.timings.ttft.map(|d| d.as_secs_f64()),
+            "decode_tokens_per_s": c.timings.decode_tokens_per_s,
+            "seed": reply.seed,
+        });
+        serde_json::to_writer(&mut *out, &o)?;
+        writeln!(out)?;
+    } else {
+        writeln!(out)?;
+        for call in &c.tool_calls {
+            writeln!(out, "[tool call] {}", call.to_json())?;
+        }
+        tracing::info!(
+            finish = %c.finish_reason,
+            prompt_tokens = c.timings.prompt_tokens,
+            completion_tokens = c.timings.completion_tokens,
+            ttft_ms = c.timings.ttft.map(|d| d.as_millis() as u64),
+            tok_s = c.timings.decode_tokens_per_s,
+            "turn done"
+        );
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
+    let source = match (&args.package, &args.hf) {
+        (Some(p), None) => ModelSource::Package(p.clone()),
+        (None, Some(h)) => ModelSource::Hf(h.clone()),
+        _ => bail!("give a package folder or --hf <DIR>"),
+    };
+    let mut opts = OpenOptions {
+        vision: !args.no_vision,
+        ..OpenOptions::default()
+    };
+    opts.bpu.priority = args.priority;
+    let tools = match &args.tools {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading tools {}", p.display()))?;
+            match serde_json::from_str(&text)
+                .with_context(|| format!("parsing tools {}", p.display()))?
+            {
+                serde_json::Value::Array(a) => a,
+                _ => bail!("{}: the tool list must be a JSON array", p.display()),
+            }
+        }
+        None => Vec::new(),
+    };
+    let mut images = args
+        .image
+        .iter()
+        .map(|p| load_image(p))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut assistant = Assistant::open(&source, &opts)
+        .with_context(|| format!("opening {}", source.dir().display()))?;
+    let mut conversation: Option<Conversation> = None;
+    let stdout = std::io::stdout();
+    let turn_of = |text: String, images: Vec<ImageInput>| {
+        let mut t = Turn::new(text, args.max_new_tokens);
+        t.images = images;
+        t.thinking = !args.no_think;
+        t.system = args.system.clone();
+        t.tools = tools.clone();
+        t.sampling = args.sampling();
+        t.stop = args.stop.clone();
+        t
+    };
+    let answer = |assistant: &mut Assistant,
+                  conversation: &mut Option<Conversation>,
+                  turn: Turn|
+     -> anyhow::Result<()> {
+        let mut out = stdout.lock();
+        let json = args.json;
+        let mut in_reasoning = false;
+        let mut on_event = |e: Event| {
+            if json {
+                return;
+            }
+            if let Event::Text { text, reasoning } = e {
+                if reasoning != in_reasoning {
+                    let _ = write!(out, "{}", if reasoning { "<think>" } else { "</think>\n" });
+                    in_reasoning = reasoning;
+                }
+                let _ = write!(out, "{text}");
+                let _ = out.flush();
+            }
+        };
+        let reply = assistant.ask(conversation.as_ref(), &turn, &mut on_event)?;
+        if in_reasoning {
+            write!(out, "</think>")?;
+        }
+        print_reply(&reply, json, &mut out)?;
+        if let Some(c) = reply.conversation {
+            *conversation = Some(c);
+        }
+        Ok(())
+    };
+    if let Some(p) = &args.prompt {
+        let turn = turn_of(p.clone(), std::mem::take(&mut images));
+        return answer(&mut assistant, &mut conversation, turn);
+    }
+    eprintln!(
+        "{} ({}) ready; one line per turn, an empty line or end of input quits",
+        assistant.info().name,
+        assistant.info().backend
+    );
+    for line in std::io::stdin().lock().lines() {
+        let line = line.context("reading stdin")?;
+        if line.trim().is_empty() {
+            break;
+        }
+        let turn = turn_of(line, std::mem::take(&mut images));
+        // A failed turn is reported; the conversation continues from its last good state.
+        if let Err(e) = answer(&mut assistant, &mut conversation, turn) {
+            eprintln!("error: {e:#}");
+        }
+    }
+    Ok(())
+}

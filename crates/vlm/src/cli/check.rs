@@ -1,0 +1,123 @@
+//! `vlm check <PACKAGE> [--no-vision]`: prints the package, its graphs and their I/O, and every
+//! contract violation (each naming the file and the reason); exits non-zero on any.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::Args;
+use hbdnn::TensorSpec;
+use vlm::bpu::check::check_package;
+use vlm::bpu::BpuOptions;
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Package folder (model.json).
+    #[arg(value_name = "PACKAGE")]
+    pub package: PathBuf,
+    /// Text only: `visual.hbm` is neither required nor loaded.
+    #[arg(long)]
+    pub no_vision: bool,
+    /// Board library folder (default: the system search).
+    #[arg(long, value_name = "DIR")]
+    pub lib_dir: Option<PathBuf>,
+}
+
+fn tensor(t: &TensorSpec) -> String {
+    let mut s = format!(
+        "{:?} {:?} strides {:?} ({} bytes)",
+        t.shape, t.dtype, t.strides, t.byte_size
+    );
+    if !t.scale.is_empty() {
+        s.push_str(&format!(" scale {}", t.scale0()));
+    }
+    s
+}
+
+pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
+    let opts = BpuOptions {
+        no_vision: args.no_vision,
+        lib_dir: args.lib_dir.clone(),
+        ..BpuOptions::default()
+    };
+    let r = check_package(&args.package, &opts);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "package {}", args.package.display())?;
+    if let Some(c) = &r.config {
+        writeln!(
+            out,
+            "  name {:?}  arch {:?}  backend {:?}  cache_len {}  bpu_cores {}  graph {:?} / {:?}",
+            c.name,
+            c.arch,
+            c.backend,
+            c.cache_len,
+            c.bpu_cores,
+            c.graph,
+            c.prefill_graph()
+        )?;
+        writeln!(
+            out,
+            "  eos {:?}  image_token_id {:?}  prefill_pads {}  prefill_min_tail {:?}  dialect {:?}  vision {}",
+            c.eos,
+            c.image_token_id,
+            c.prefill_pads,
+            c.prefill_min_tail,
+            c.dialect,
+            c.visual.is_some()
+        )?;
+        writeln!(out, "  tokenizer {}", c.tokenizer.display())?;
+        if let Some(e) = &c.embed {
+            writeln!(out, "  embed {}", e.display())?;
+        }
+    }
+    if let Some(i) = r.implementation {
+        writeln!(out, "implementation: {i}")?;
+    }
+    for (f, n) in &r.files {
+        writeln!(out, "file {} ({n} bytes)", f.display())?;
+    }
+    if let Some(p) = &r.pool {
+        match p.available {
+            Some(a) => writeln!(out, "ION pool: {a} bytes free ({})", p.source)?,
+            None if p.unlimited => writeln!(out, "ION pool: {}", p.source)?,
+            None => writeln!(out, "ION pool: unknown, not checked ({})", p.source)?,
+        }
+    }
+    for g in &r.graphs {
+        writeln!(out, "graph `{}` in {}", g.name, g.file.display())?;
+        for (i, t) in g.inputs.iter().enumerate() {
+            writeln!(out, "  in  {i}: {}", tensor(t))?;
+        }
+        for (i, t) in g.outputs.iter().enumerate() {
+            writeln!(out, "  out {i}: {}", tensor(t))?;
+        }
+    }
+    if let Some(d) = &r.decode {
+        writeln!(
+            out,
+            "decode: hidden {}  vocab {}  window {}  mask planes {}  rot {}  caches {}  logits {:?}",
+            d.hidden, d.vocab, d.context, d.mask_heads, d.rot, d.n_cache, d.logits
+        )?;
+        match r.prefill_chunk {
+            Some(n) => writeln!(out, "prefill: {n} rows per chunk")?,
+            None => writeln!(out, "prefill: none (every row is stepped)")?,
+        }
+    }
+    for v in &r.violations {
+        writeln!(out, "VIOLATION {v}")?;
+    }
+    if r.violations.is_empty() {
+        writeln!(out, "OK: no contract violations")?;
+        Ok(())
+    } else {
+        out.flush()?;
+        for v in &r.violations {
+            tracing::error!("{v}");
+        }
+        bail!(
+            "{} contract violation(s); first: {}",
+            r.violations.len(),
+            r.violations[0]
+        )
+    }
+}

@@ -1,0 +1,192 @@
+//! `/diagnostics` (diagnostic_msgs/DiagnosticArray) at the configured period: model, backend,
+//! state, queue depth, requests served/failed, last TTFT and tok/s, sessions, simulator
+//! counters. Also warns (log and `/rosout`) when a camera topic has publishers but no frame
+//! has arrived for a while, naming the usual causes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camera_frame::CameraCache;
+use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
+use r2r::std_msgs::msg::Header;
+use r2r::Publisher;
+
+use crate::engine::{EngineState, SharedStats};
+use crate::node::NodeOps;
+use crate::registry::Registry;
+
+pub const TOPIC: &str = "/diagnostics";
+
+/// Name of the status entry.
+pub const STATUS_NAME: &str = "vlm_node: engine";
+
+/// A camera topic silent this long (with publishers) is warned about.
+pub const SILENT_CAMERA: Duration = Duration::from_secs(3);
+
+/// How often one silent topic is warned about again.
+const SILENT_REPEAT: Duration = Duration::from_secs(30);
+
+const OK: u8 = 0;
+const ERROR: u8 = 2;
+
+pub struct Diagnostics {
+    pub publisher: Publisher<DiagnosticArray>,
+    pub stats: SharedStats,
+    pub registry: Arc<Registry>,
+    pub cameras: Option<Arc<CameraCache>>,
+    pub ops: NodeOps,
+    pub logger: String,
+}
+
+fn kv(key: &str, value: impl ToString) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: value.to_string(),
+    }
+}
+
+/// The status entry for the current counters.
+pub fn status(d: &Diagnostics) -> DiagnosticStatus {
+    let s = d
+        .stats
+        .lock()
+        .map(|g| g.clone())
+        .unwrap_or_else(|e| e.into_inner().clone());
+    let (level, message) = match &s.state {
+        EngineState::Failed(e) => (ERROR, format!("model failed to load: {e}")),
+        EngineState::Loading => (OK, "loading".to_owned()),
+        st => (OK, st.as_str().to_owned()),
+    };
+    let mut values = vec![
+        kv("state", s.state.as_str()),
+        kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
+        kv("backend", s.model.as_ref().map_or("", |m| m.backend)),
+        kv(
+            "model_dir",
+            s.model
+                .as_ref()
+                .map_or(String::new(), |m| m.dir.display().to_string()),
+        ),
+        kv("context", s.model.as_ref().map_or(0, |m| m.context)),
+        kv("queue_depth", d.registry.len()),
+        kv("requests_served", s.served),
+        kv("requests_failed", s.failed),
+        kv("last_ttft_s", format!("{:.4}", s.last_ttft_s)),
+        kv(
+            "last_decode_tokens_per_s",
+            format!("{:.2}", s.last_tokens_per_s),
+        ),
+        kv("sessions", s.sessions),
+        kv("session_bytes", s.session_bytes),
+    ];
+    if let Some((buffers, tasks)) = s.sim_live {
+        values.push(kv("sim_live_buffers", buffers));
+        values.push(kv("sim_live_tasks", tasks));
+    }
+    if let Some(c) = &d.cameras {
+        for t in c.topics() {
+            if let Some(st) = c.stats(t) {
+                values.push(kv(&format!("camera {t} accepted"), st.accepted));
+                values.push(kv(&format!("camera {t} rejected"), st.rejected));
+            }
+        }
+    }
+    DiagnosticStatus {
+        level,
+        name: STATUS_NAME.to_owned(),
+        message,
+        hardware_id: s
+            .model
+            .as_ref()
+            .map_or(String::new(), |m| m.backend.to_owned()),
+        values,
+    }
+}
+
+fn now_header() -> Header {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Header {
+        stamp: r2r::builtin_interfaces::msg::Time {
+            sec: i32::try_from(d.as_secs()).unwrap_or(i32::MAX),
+            nanosec: d.subsec_nanos(),
+        },
+        frame_id: String::new(),
+    }
+}
+
+/// Publishes until the task is aborted.
+pub async fn run(d: Diagnostics, period: Duration) {
+    let mut tick = tokio::time::interval(period);
+    let mut watch = SilentWatch::default();
+    loop {
+        tick.tick().await;
+        let msg = DiagnosticArray {
+            header: now_header(),
+            status: vec![status(&d)],
+        };
+        if let Err(e) = d.publisher.publish(&msg) {
+            tracing::debug!(error = %e, "could not publish diagnostics");
+        }
+        if let Some(c) = &d.cameras {
+            silent_cameras(&d.ops, &d.logger, c, &mut watch).await;
+        }
+    }
+}
+
+/// Per-topic state of the silent-camera warning.
+#[derive(Default)]
+struct SilentWatch {
+    /// When publishers were first seen on a still silent topic.
+    publishers_since: HashMap<Arc<str>, Instant>,
+    /// When the topic was last warned about.
+    warned: HashMap<Arc<str>, Instant>,
+}
+
+async fn silent_cameras(ops: &NodeOps, logger: &str, c: &CameraCache, watch: &mut SilentWatch) {
+    let now = Instant::now();
+    let silent_now = c.silent_topics(now, SILENT_CAMERA);
+    watch
+        .publishers_since
+        .retain(|t, _| silent_now.iter().any(|(s, _)| s == t));
+    for (topic, silent) in silent_now {
+        if watch
+            .warned
+            .get(&topic)
+            .is_some_and(|t| now.duration_since(*t) < SILENT_REPEAT)
+        {
+            continue;
+        }
+        let t = topic.to_string();
+        let publishers = ops
+            .call(move |n| n.get_publishers_info_by_topic(&t, false).map(|v| v.len()))
+            .await
+            .and_then(Result::ok)
+            .unwrap_or(0);
+        if publishers == 0 {
+            watch.publishers_since.remove(&topic);
+            continue;
+        }
+        // A publisher that just appeared has not had time to deliver a frame yet.
+        let since = *watch.publishers_since.entry(topic.clone()).or_insert(now);
+        if now.duration_since(since) < SILENT_CAMERA {
+            continue;
+        }
+        watch.warned.insert(topic.clone(), now);
+        let text = format!(
+            "camera topic {topic} has {publishers} publisher(s) but no frame arrived for {:.0} s. \
+             Usual causes: (1) with Fast DDS on one host, frames above the default 512 KiB \
+             shared-memory segment are lost on a best-effort subscription unless the camera \
+             process uses a bigger segment (start it with \
+             FASTRTPS_DEFAULT_PROFILES_FILE=<share/bpu_vlm>/launch/fastdds_large_frames.xml) or \
+             camera_qos is reliable; (2) a QoS mismatch (a best-effort publisher never reaches a \
+             reliable subscriber: keep camera_qos sensor_data); (3) a different ROS_DOMAIN_ID \
+             or message type.",
+            silent.as_secs_f64()
+        );
+        tracing::warn!("{text}");
+        r2r::log_warn!(logger, "{}", text);
+    }
+}

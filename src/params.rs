@@ -1,0 +1,497 @@
+//! The node's parameters: every default is built in (so `vlm_node --ros-args -p name:=value`
+//! works without a params file), values given on the command line or in a params file
+//! override them, and a value of the wrong type or out of range stops the node at start with
+//! a message naming the parameter. `launch/vlm_params.yaml` repeats these defaults and the
+//! README's parameter table documents them; a test keeps all three in step.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use r2r::ParameterValue;
+
+use crate::names::{ANSWERS_TOPIC, ASK_SERVICE, CANCEL_SERVICE, TOKENS_TOPIC};
+
+/// One parameter: name, built-in default, one-line description (the README table).
+pub struct Spec {
+    pub name: &'static str,
+    pub default: fn() -> ParameterValue,
+    pub description: &'static str,
+}
+
+fn s(v: &str) -> ParameterValue {
+    ParameterValue::String(v.to_owned())
+}
+
+/// Every parameter of `vlm_node`, in README order.
+pub const SPECS: &[Spec] = &[
+    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`) or, with `backend: cpu`, an HF checkpoint folder. Empty: the embedded tiny random model on the simulator." },
+    Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35." },
+    Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened)." },
+    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["/image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored." },
+    Spec { name: "compressed_image_topics", default: || ParameterValue::StringArray(vec![String::new()]), description: "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list)." },
+    Spec { name: "default_camera", default: || s(""), description: "Camera used when an ask names none; empty = the first image topic (else the first compressed one)." },
+    Spec { name: "camera_qos", default: || s("sensor_data"), description: "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`." },
+    Spec { name: "max_image_age_s", default: || ParameterValue::Double(0.0), description: "Refuse (`stale_image`) a camera frame older than this; 0 = no limit." },
+    Spec { name: "system_prompt", default: || s(""), description: "System prompt of fresh conversations; empty = the package's `chat.system`." },
+    Spec { name: "enable_thinking", default: || ParameterValue::Bool(false), description: "Think before answering (`<think>`); off by default on a robot." },
+    Spec { name: "max_new_tokens", default: || ParameterValue::Integer(256), description: "Default cap on generated tokens per ask (1..=32768)." },
+    Spec { name: "temperature", default: || ParameterValue::Double(0.7), description: "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's non-thinking setting." },
+    Spec { name: "top_p", default: || ParameterValue::Double(0.8), description: "Default nucleus mass in (0, 1]." },
+    Spec { name: "top_k", default: || ParameterValue::Integer(20), description: "Default top-k (0 = no limit)." },
+    Spec { name: "min_p", default: || ParameterValue::Double(0.0), description: "Default min-p in [0, 1]." },
+    Spec { name: "repetition_penalty", default: || ParameterValue::Double(1.0), description: "Default repetition penalty (1 = none)." },
+    Spec { name: "presence_penalty", default: || ParameterValue::Double(1.5), description: "Default presence penalty (0 = none)." },
+    Spec { name: "seed", default: || ParameterValue::Integer(-1), description: "Default sampling seed; -1 = a fresh seed per ask." },
+    Spec { name: "queue_depth", default: || ParameterValue::Integer(4), description: "Requests held at once, the running one included; one more gets `busy` at once." },
+    Spec { name: "request_timeout_s", default: || ParameterValue::Double(120.0), description: "Default time limit of an ask from its arrival (queue wait included); 0 = none." },
+    Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
+    Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service." },
+    Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history)." },
+    Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers." },
+    Spec { name: "cancel_service", default: || s(CANCEL_SERVICE), description: "Name of the Cancel service." },
+    Spec { name: "diagnostics_period_s", default: || ParameterValue::Double(1.0), description: "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray)." },
+    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots); the least recently used go first." },
+    Spec { name: "session_idle_s", default: || ParameterValue::Double(600.0), description: "A conversation unused this long is dropped." },
+    Spec { name: "cache_dir", default: || s(""), description: "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`." },
+];
+
+/// A parameter that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("parameter `{name}`: {reason}")]
+pub struct ParamError {
+    pub name: &'static str,
+    pub reason: String,
+}
+
+/// How the model is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Cpu,
+}
+
+/// Camera subscription QoS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CameraQos {
+    SensorData,
+    Reliable,
+}
+
+/// The typed, validated parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    pub model_dir: Option<PathBuf>,
+    pub backend: BackendChoice,
+    pub vision: bool,
+    pub image_topics: Vec<String>,
+    pub compressed_image_topics: Vec<String>,
+    pub default_camera: Option<String>,
+    pub camera_qos: CameraQos,
+    pub max_image_age_s: f64,
+    pub system_prompt: Option<String>,
+    pub enable_thinking: bool,
+    pub max_new_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub seed: Option<u64>,
+    pub queue_depth: usize,
+    pub request_timeout_s: f64,
+    pub bpu_priority: u8,
+    pub ask_service: String,
+    pub tokens_topic: String,
+    pub answers_topic: String,
+    pub cancel_service: String,
+    pub diagnostics_period_s: f64,
+    pub session_memory_bytes: usize,
+    pub session_idle_s: f64,
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Upper bound of `max_new_tokens` (a request above it is absurd, not just long).
+pub const MAX_NEW_TOKENS_LIMIT: u32 = 32768;
+
+struct Reader<'a> {
+    given: &'a HashMap<String, ParameterValue>,
+}
+
+impl Reader<'_> {
+    fn value(&self, name: &'static str) -> Result<ParameterValue, ParamError> {
+        let spec = SPECS
+            .iter()
+            .find(|s| s.name == name)
+            .ok_or_else(|| ParamError {
+                name,
+                reason: "not a parameter of vlm_node".into(),
+            })?;
+        Ok(match self.given.get(name) {
+            None | Some(ParameterValue::NotSet) => (spec.default)(),
+            Some(v) => v.clone(),
+        })
+    }
+
+    fn bad(name: &'static str, want: &str, got: &ParameterValue) -> ParamError {
+        ParamError {
+            name,
+            reason: format!("expected {want}, got {got:?}"),
+        }
+    }
+
+    fn string(&self, name: &'static str) -> Result<String, ParamError> {
+        match self.value(name)? {
+            ParameterValue::String(s) => Ok(s),
+            v => Err(Self::bad(name, "a string", &v)),
+        }
+    }
+
+    fn opt_string(&self, name: &'static str) -> Result<Option<String>, ParamError> {
+        let v = self.string(name)?;
+        Ok(if v.trim().is_empty() { None } else { Some(v) })
+    }
+
+    fn bool(&self, name: &'static str) -> Result<bool, ParamError> {
+        match self.value(name)? {
+            ParameterValue::Bool(b) => Ok(b),
+            v => Err(Self::bad(name, "a bool", &v)),
+        }
+    }
+
+    fn int(
+        &self,
+        name: &'static str,
+        range: std::ops::RangeInclusive<i64>,
+    ) -> Result<i64, ParamError> {
+        match self.value(name)? {
+            ParameterValue::Integer(i) if range.contains(&i) => Ok(i),
+            ParameterValue::Integer(i) => Err(ParamError {
+                name,
+                reason: format!("{i} is outside {}..={}", range.start(), range.end()),
+            }),
+            v => Err(Self::bad(name, "an integer", &v)),
+        }
+    }
+
+    /// Integers are accepted for doubles (`max_image_age_s: 0` in YAML is an integer).
+    fn double(
+        &self,
+        name: &'static str,
+        ok: impl Fn(f64) -> bool,
+        want: &str,
+    ) -> Result<f64, ParamError> {
+        let x = match self.value(name)? {
+            ParameterValue::Double(d) => d,
+            ParameterValue::Integer(i) => i as f64,
+            v => return Err(Self::bad(name, "a number", &v)),
+        };
+        if x.is_finite() && ok(x) {
+            Ok(x)
+        } else {
+            Err(ParamError {
+                name,
+                reason: format!("{x} is not {want}"),
+            })
+        }
+    }
+
+    fn topics(&self, name: &'static str) -> Result<Vec<String>, ParamError> {
+        let list = match self.value(name)? {
+            ParameterValue::StringArray(v) => v,
+            ParameterValue::String(s) => vec![s],
+            v => return Err(Self::bad(name, "a list of topic names", &v)),
+        };
+        let mut out: Vec<String> = Vec::new();
+        for t in list
+            .into_iter()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+        {
+            if out.contains(&t) {
+                return Err(ParamError {
+                    name,
+                    reason: format!("topic {t:?} is listed twice"),
+                });
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+}
+
+impl Params {
+    /// Defaults overridden by `given` (the node's parameters from the command line / file).
+    pub fn from_values(given: &HashMap<String, ParameterValue>) -> Result<Self, ParamError> {
+        for name in given.keys() {
+            if !SPECS.iter().any(|s| s.name == name) && !name.starts_with("use_sim_time") {
+                tracing::warn!(parameter = %name, "unknown parameter ignored");
+            }
+        }
+        let r = Reader { given };
+        let backend = match r.string("backend")?.as_str() {
+            "auto" | "" => BackendChoice::Auto,
+            "cpu" => BackendChoice::Cpu,
+            other => {
+                return Err(ParamError {
+                    name: "backend",
+                    reason: format!("{other:?} is not one of auto, cpu"),
+                })
+            }
+        };
+        let camera_qos = match r.string("camera_qos")?.as_str() {
+            "sensor_data" => CameraQos::SensorData,
+            "reliable" => CameraQos::Reliable,
+            other => {
+                return Err(ParamError {
+                    name: "camera_qos",
+                    reason: format!("{other:?} is not one of sensor_data, reliable"),
+                })
+            }
+        };
+        let unit = |x: f64| (0.0..=1.0).contains(&x);
+        let p = Self {
+            model_dir: r.opt_string("model_dir")?.map(PathBuf::from),
+            backend,
+            vision: r.bool("vision")?,
+            image_topics: r.topics("image_topics")?,
+            compressed_image_topics: r.topics("compressed_image_topics")?,
+            default_camera: r.opt_string("default_camera")?,
+            camera_qos,
+            max_image_age_s: r.double("max_image_age_s", |x| x >= 0.0, ">= 0")?,
+            system_prompt: r.opt_string("system_prompt")?,
+            enable_thinking: r.bool("enable_thinking")?,
+            max_new_tokens: r.int("max_new_tokens", 1..=i64::from(MAX_NEW_TOKENS_LIMIT))? as u32,
+            temperature: r.double("temperature", |x| x >= 0.0, ">= 0")? as f32,
+            top_p: r.double("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")? as f32,
+            top_k: r.int("top_k", 0..=1_000_000)? as u32,
+            min_p: r.double("min_p", unit, "in [0, 1]")? as f32,
+            repetition_penalty: r.double("repetition_penalty", |x| x > 0.0, "> 0")? as f32,
+            presence_penalty: r.double(
+                "presence_penalty",
+                |x| x.abs() <= 100.0,
+                "in [-100, 100]",
+            )? as f32,
+            seed: u64::try_from(r.int("seed", -1..=i64::MAX)?).ok(),
+            queue_depth: r.int("queue_depth", 1..=1024)? as usize,
+            request_timeout_s: r.double("request_timeout_s", |x| x >= 0.0, ">= 0")?,
+            bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
+            ask_service: r.string("ask_service")?,
+            tokens_topic: r.string("tokens_topic")?,
+            answers_topic: r.string("answers_topic")?,
+            cancel_service: r.string("cancel_service")?,
+            diagnostics_period_s: r.double("diagnostics_period_s", |x| x > 0.0, "> 0")?,
+            session_memory_bytes: (r.int("session_memory_mb", 0..=1 << 20)? as usize) << 20,
+            session_idle_s: r.double("session_idle_s", |x| x > 0.0, "> 0")?,
+            cache_dir: r.opt_string("cache_dir")?.map(PathBuf::from),
+        };
+        if let Some(cam) = &p.default_camera {
+            if !p.image_topics.contains(cam) && !p.compressed_image_topics.contains(cam) {
+                return Err(ParamError {
+                    name: "default_camera",
+                    reason: format!("{cam:?} is not in image_topics or compressed_image_topics"),
+                });
+            }
+        }
+        if p.backend == BackendChoice::Cpu && p.model_dir.is_none() {
+            return Err(ParamError {
+                name: "model_dir",
+                reason: "backend cpu needs an HF checkpoint folder".into(),
+            });
+        }
+        Ok(p)
+    }
+
+    /// The camera an ask without one uses.
+    pub fn default_camera(&self) -> Option<String> {
+        self.default_camera.clone().or_else(|| {
+            self.image_topics
+                .first()
+                .or(self.compressed_image_topics.first())
+                .cloned()
+        })
+    }
+
+    /// The effective values, for the node's parameter list.
+    pub fn effective(&self) -> Vec<(&'static str, ParameterValue)> {
+        let st = |v: &Option<String>| s(v.as_deref().unwrap_or(""));
+        let path = |v: &Option<PathBuf>| {
+            s(&v.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default())
+        };
+        vec![
+            ("model_dir", path(&self.model_dir)),
+            (
+                "backend",
+                s(match self.backend {
+                    BackendChoice::Auto => "auto",
+                    BackendChoice::Cpu => "cpu",
+                }),
+            ),
+            ("vision", ParameterValue::Bool(self.vision)),
+            (
+                "image_topics",
+                ParameterValue::StringArray(self.image_topics.clone()),
+            ),
+            (
+                "compressed_image_topics",
+                ParameterValue::StringArray(self.compressed_image_topics.clone()),
+            ),
+            ("default_camera", st(&self.default_camera)),
+            (
+                "camera_qos",
+                s(match self.camera_qos {
+                    CameraQos::SensorData => "sensor_data",
+                    CameraQos::Reliable => "reliable",
+                }),
+            ),
+            (
+                "max_image_age_s",
+                ParameterValue::Double(self.max_image_age_s),
+            ),
+            ("system_prompt", st(&self.system_prompt)),
+            (
+                "enable_thinking",
+                ParameterValue::Bool(self.enable_thinking),
+            ),
+            (
+                "max_new_tokens",
+                ParameterValue::Integer(i64::from(self.max_new_tokens)),
+            ),
+            (
+                "temperature",
+                ParameterValue::Double(f64::from(self.temperature)),
+            ),
+            ("top_p", ParameterValue::Double(f64::from(self.top_p))),
+            ("top_k", ParameterValue::Integer(i64::from(self.top_k))),
+            ("min_p", ParameterValue::Double(f64::from(self.min_p))),
+            (
+                "repetition_penalty",
+                ParameterValue::Double(f64::from(self.repetition_penalty)),
+            ),
+            (
+                "presence_penalty",
+                ParameterValue::Double(f64::from(self.presence_penalty)),
+            ),
+            (
+                "seed",
+                ParameterValue::Integer(
+                    self.seed.and_then(|x| i64::try_from(x).ok()).unwrap_or(-1),
+                ),
+            ),
+            (
+                "queue_depth",
+                ParameterValue::Integer(self.queue_depth as i64),
+            ),
+            (
+                "request_timeout_s",
+                ParameterValue::Double(self.request_timeout_s),
+            ),
+            (
+                "bpu_priority",
+                ParameterValue::Integer(i64::from(self.bpu_priority)),
+            ),
+            ("ask_service", s(&self.ask_service)),
+            ("tokens_topic", s(&self.tokens_topic)),
+            ("answers_topic", s(&self.answers_topic)),
+            ("cancel_service", s(&self.cancel_service)),
+            (
+                "diagnostics_period_s",
+                ParameterValue::Double(self.diagnostics_period_s),
+            ),
+            (
+                "session_memory_mb",
+                ParameterValue::Integer((self.session_memory_bytes >> 20) as i64),
+            ),
+            (
+                "session_idle_s",
+                ParameterValue::Double(self.session_idle_s),
+            ),
+            ("cache_dir", path(&self.cache_dir)),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_listed_once() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(p.image_topics, vec!["/image_raw".to_owned()]);
+        assert!(p.compressed_image_topics.is_empty());
+        assert_eq!(p.default_camera().as_deref(), Some("/image_raw"));
+        assert!(!p.enable_thinking);
+        let names: Vec<_> = p.effective().iter().map(|(n, _)| *n).collect();
+        let specs: Vec<_> = SPECS.iter().map(|s| s.name).collect();
+        assert_eq!(names, specs);
+    }
+
+    #[test]
+    fn wrong_types_and_ranges_name_the_parameter() {
+        let mut given = HashMap::new();
+        given.insert("queue_depth".to_owned(), ParameterValue::Integer(0));
+        let e = Params::from_values(&given).unwrap_err();
+        assert_eq!(e.name, "queue_depth");
+        given.clear();
+        given.insert("vision".to_owned(), ParameterValue::String("yes".into()));
+        assert_eq!(Params::from_values(&given).unwrap_err().name, "vision");
+        given.clear();
+        given.insert("max_image_age_s".to_owned(), ParameterValue::Integer(2));
+        assert_eq!(Params::from_values(&given).unwrap().max_image_age_s, 2.0);
+        given.insert(
+            "default_camera".to_owned(),
+            ParameterValue::String("/nope".into()),
+        );
+        assert_eq!(
+            Params::from_values(&given).unwrap_err().name,
+            "default_camera"
+        );
+    }
+
+    /// The value as the YAML file and the README table spell it.
+    fn spelled(v: &ParameterValue) -> String {
+        match v {
+            ParameterValue::Bool(b) => b.to_string(),
+            ParameterValue::Integer(i) => i.to_string(),
+            ParameterValue::Double(d) => format!("{d:?}"),
+            ParameterValue::String(s) => format!("{s:?}"),
+            ParameterValue::StringArray(a) => format!(
+                "[{}]",
+                a.iter()
+                    .map(|s| format!("{s:?}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            other => format!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn params_file_and_readme_repeat_the_built_in_defaults() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let yaml = std::fs::read_to_string(root.join("launch/vlm_params.yaml")).unwrap();
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let yaml_values: HashMap<&str, &str> = yaml
+            .lines()
+            .filter_map(|l| {
+                let l = l.split(" #").next()?.trim();
+                let (k, v) = l.split_once(':')?;
+                Some((k.trim(), v.trim()))
+            })
+            .collect();
+        for spec in SPECS {
+            let want = spelled(&(spec.default)());
+            assert_eq!(
+                yaml_values.get(spec.name).copied(),
+                Some(want.as_str()),
+                "launch/vlm_params.yaml: {}",
+                spec.name
+            );
+            let row = format!("| `{}` | `{}` |", spec.name, want);
+            assert!(readme.contains(&row), "README parameter table lacks {row}");
+        }
+    }
+}
