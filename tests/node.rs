@@ -543,3 +543,42 @@ fn launch_file_starts_only_vlm_node_with_its_arguments() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `backend: cpu` runs an HF checkpoint with crates/qwen35 behind the same node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_runs_hf_weights_on_the_cpu_backend() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let hf = repo_root().join("tools/fixtures/models/tiny-4b");
+    let hf_arg = hf.display().to_string();
+    let node = start_node(
+        &d,
+        &[("backend", "cpu"), ("model_dir", hf_arg.as_str())],
+        &[],
+    )?;
+    let peer = spawn_python(
+        "tests/peers/node_peer.py",
+        &[
+            "text",
+            "--max-new-tokens",
+            &MAX_NEW.to_string(),
+            "--prompt",
+            PROMPT,
+        ],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(120)).await;
+    let (exit, log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success());
+    assert!(
+        log.contains(" on cpu, service"),
+        "the node must say which backend runs"
+    );
+    let answer = ok("cpu backend", &rep["text"]);
+    let mut a = Assistant::open(&ModelSource::Hf(hf), &OpenOptions::default())?;
+    let direct = a.ask(None, &Turn::new(PROMPT, MAX_NEW), &mut |_| {})?;
+    assert_eq!(answer, direct.completion.text);
+    Ok(())
+}

@@ -8,6 +8,7 @@ Token of each request (DDS does not order them with the service response).
   queue     readiness, N + k concurrent asks at queue depth N, cancel, timeout
   soak      many sequential asks; diagnostics before and after
   sigterm   one long ask; prints "FIRST TOKEN" when streaming starts, then waits for the end
+  text      one greedy text-only ask
 """
 
 import argparse
@@ -415,6 +416,11 @@ def mode_soak(p, a):
     return rep
 
 
+def mode_text(p, a):
+    p.wait_ask()
+    return {'text': p.greedy('cpu-1', a.prompt, camera='none')}
+
+
 def mode_sigterm(p, a):
     p.wait_ask()
     req, fut = p.ask_async(request_id='sig-1', prompt=a.prompt, camera='none', temperature=0.0,
@@ -430,7 +436,7 @@ def mode_sigterm(p, a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm'])
+    ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm', 'text'])
     ap.add_argument('--ask', default='/ask')
     ap.add_argument('--cancel', default='/vlm/cancel')
     ap.add_argument('--tokens', default='/vlm/tokens')
@@ -453,7 +459,7 @@ def main():
     p = Peer(a)
     try:
         rep = {'answers': mode_answers, 'queue': mode_queue, 'soak': mode_soak,
-               'sigterm': mode_sigterm}[a.mode](p, a)
+               'sigterm': mode_sigterm, 'text': mode_text}[a.mode](p, a)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()
