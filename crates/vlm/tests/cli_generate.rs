@@ -2,30 +2,16 @@
 //! of every step), plus the slot/image mismatch exit.
 #![allow(clippy::unwrap_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// f32 logits vs HF goldens (issue 3).
 const LOGIT_TOL: f32 = 1e-4;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/fixtures/models")
-        .join(name)
-}
-
-fn golden_f32(dir: &Path, key: &str) -> Vec<f32> {
-    let bytes = std::fs::read(dir.join("goldens.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let t = st.tensor(key).unwrap();
-    t.data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
-fn run(dir: &Path, ids: &[u64], images: &[PathBuf], max_new: usize) -> std::process::Output {
-    let ids: Vec<String> = ids.iter().map(u64::to_string).collect();
+fn run(dir: &Path, ids: &[u32], images: &[PathBuf], max_new: usize) -> std::process::Output {
+    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm"));
     cmd.args(["generate", "--hf"])
         .arg(dir)
@@ -37,36 +23,21 @@ fn run(dir: &Path, ids: &[u64], images: &[PathBuf], max_new: usize) -> std::proc
     cmd.output().unwrap()
 }
 
+fn u32s(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
 #[test]
 fn generate_hf_matches_goldens() {
     for name in ["tiny-sym", "tiny-untied"] {
-        let dir = fixture(name);
-        let g: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("goldens.json")).unwrap()).unwrap();
-        for case in g["cases"].as_array().unwrap() {
-            let cname = case["name"].as_str().unwrap();
-            if !["text_long", "image_two"].contains(&cname) {
-                continue;
-            }
-            let ids: Vec<u64> = case["prompt_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .collect();
-            let images: Vec<PathBuf> = case["images"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|p| dir.join(p.as_str().unwrap()))
-                .collect();
-            let greedy: Vec<u64> = case["greedy_tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .collect();
-            let out = run(&dir, &ids, &images, greedy.len());
+        let dir = common::model_dir(name);
+        for cname in ["text_long", "image_two"] {
+            let case = common::golden_case(name, cname);
+            let out = run(&dir, &case.ids, &case.images, case.greedy.len());
             assert!(
                 out.status.success(),
                 "{name}/{cname}: {}",
@@ -79,24 +50,11 @@ fn generate_hf_matches_goldens() {
                 "exactly one JSON line"
             );
             let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-            let pids: Vec<u64> = j["prompt_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .collect();
-            assert_eq!(pids, ids);
-            let toks: Vec<u64> = j["tokens"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap())
-                .collect();
-            assert_eq!(toks, greedy, "{name}/{cname}: tokens");
-            let want = golden_f32(&dir, case["tensors"]["step_logits"].as_str().unwrap());
+            assert_eq!(u32s(&j["prompt_ids"]), case.ids);
+            assert_eq!(u32s(&j["tokens"]), case.greedy, "{name}/{cname}: tokens");
+            let want = common::golden_step_logits(name, &case);
             let logits = j["logits"].as_array().unwrap();
-            assert_eq!(logits.len(), greedy.len());
-            let v = want.len() / greedy.len();
+            assert_eq!(logits.len(), case.greedy.len());
             for (i, row) in logits.iter().enumerate() {
                 let row: Vec<f32> = row
                     .as_array()
@@ -104,12 +62,7 @@ fn generate_hf_matches_goldens() {
                     .iter()
                     .map(|x| x.as_f64().unwrap() as f32)
                     .collect();
-                assert_eq!(row.len(), v);
-                let d = row
-                    .iter()
-                    .zip(&want[i * v..(i + 1) * v])
-                    .map(|(a, b)| (a - b).abs())
-                    .fold(0.0f32, f32::max);
+                let d = common::max_abs_diff(&row, &want[i]);
                 assert!(d <= LOGIT_TOL, "{name}/{cname}: step {i} max |diff| {d}");
             }
         }
@@ -118,23 +71,13 @@ fn generate_hf_matches_goldens() {
 
 #[test]
 fn missing_image_for_a_slot_exits_non_zero_naming_it() {
-    let dir = fixture("tiny-sym");
-    let g: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("goldens.json")).unwrap()).unwrap();
-    let case = g["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["name"] == "image_two")
-        .unwrap();
-    let ids: Vec<u64> = case["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap())
-        .collect();
-    let first = dir.join(case["images"][0].as_str().unwrap());
-    let out = run(&dir, &ids, &[first], 1);
+    let case = common::golden_case("tiny-sym", "image_two");
+    let out = run(
+        &common::model_dir("tiny-sym"),
+        &case.ids,
+        &case.images[..1],
+        1,
+    );
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
     let err = String::from_utf8_lossy(&out.stderr);
