@@ -164,6 +164,15 @@ impl SamplingParams {
         Ok(())
     }
 
+    /// Whether penalties and biases can only lower a logit (the usual settings): then the
+    /// final top-k set needs fewer raw candidates.
+    fn adjustments_only_lower(&self) -> bool {
+        self.repetition_penalty >= 1.0
+            && self.frequency_penalty >= 0.0
+            && self.presence_penalty >= 0.0
+            && self.logit_bias.iter().all(|&(_, b)| b <= 0.0)
+    }
+
     fn penalties_active(&self) -> bool {
         self.penalty_last_n != 0
             && (self.repetition_penalty != 1.0
@@ -264,11 +273,18 @@ impl Sampler {
             return argmax(logits).ok_or(SamplerError::NothingToSample);
         }
 
-        let n = p
+        let mut n = p
             .top_k
             .max(MIN_CANDIDATES)
             .max(p.min_keep)
             .min(logits.len());
+        if p.top_k > 0 && self.params.adjustments_only_lower() {
+            // Only the top k survive, and an adjustment can only move an id down: each of
+            // the k winners is among the top k raw logits or is one of the adjusted ids
+            // (penalised or biased), so k + that many raw candidates give the same k.
+            let adjusted = if penalise { self.counts.len() } else { 0 } + self.bias.len();
+            n = n.min(p.top_k.max(p.min_keep) + adjusted);
+        }
         top_n(logits, n, &mut self.cand, &mut self.maxima, &mut self.sel);
         for &id in self.bias.keys() {
             if !self.cand.iter().any(|&(_, c)| c == id) {
@@ -449,10 +465,12 @@ fn best(cand: &[(f32, u32)]) -> u32 {
 
 /// Block scanned with one vectorised max before any per-element work.
 const BLOCK: usize = 64;
-const LANES: usize = 8;
+/// Independent accumulators per block: four 4-wide chains even on the baseline x86-64
+/// target (SSE2), so the scan is bound by loads, not by `maxps` latency.
+const LANES: usize = 16;
 
 /// Largest value of a block (NaN ignored), written as lane-wise selects so it compiles to
-/// packed max instructions.
+/// packed max instructions; a full block has a fixed length, so the loop unrolls.
 #[inline]
 fn block_max(block: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
@@ -462,13 +480,36 @@ fn block_max(block: &[f32]) -> f32 {
             *a = if v > *a { v } else { *a };
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for &v in acc.iter().chain(lanes.remainder()) {
-        if v > m {
-            m = v;
+    // Halving tree of selects: no data-dependent branch (a scalar `if v > m` loop
+    // mispredicts on every block of a random-looking logits row).
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] = if acc[i + width] > acc[i] {
+                acc[i + width]
+            } else {
+                acc[i]
+            };
         }
     }
+    let mut m = acc[0];
+    for &v in lanes.remainder() {
+        m = if v > m { v } else { m };
+    }
     m
+}
+
+/// The maximum of each `BLOCK`-sized block of `logits`, in order (the last block may be
+/// shorter). Full blocks go through a fixed-size path so the compiler unrolls them.
+fn block_maxima(logits: &[f32]) -> impl Iterator<Item = f32> + '_ {
+    let full = logits.chunks_exact(BLOCK);
+    let rest = full.remainder();
+    full.map(|b| match <&[f32; BLOCK]>::try_from(b) {
+        Ok(b) => block_max(b),
+        Err(_) => block_max(b),
+    })
+    .chain((!rest.is_empty()).then(|| block_max(rest)))
 }
 
 /// Index of the largest logit (lowest index on ties; NaN ignored).
@@ -476,8 +517,7 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
     let mut best_v = f32::NEG_INFINITY;
     let mut best_i = None;
     let mut base = 0;
-    for block in logits.chunks(BLOCK) {
-        let m = block_max(block);
+    for (block, m) in logits.chunks(BLOCK).zip(block_maxima(logits)) {
         if m > best_v {
             best_v = m;
             best_i = block.iter().position(|&v| v == m).map(|j| base + j);
@@ -513,7 +553,7 @@ fn top_n(
     }
     let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0);
     maxima.clear();
-    maxima.extend(logits.chunks(BLOCK).map(block_max));
+    maxima.extend(block_maxima(logits));
     if maxima.len() <= n {
         out.extend(
             logits
