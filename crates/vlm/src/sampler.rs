@@ -589,6 +589,7 @@ fn top_n(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand_chacha::ChaCha8Rng;
 
     fn freq(s: &mut Sampler, logits: &[f32], n: usize, accept: bool) -> Vec<usize> {
         let mut f = vec![0; logits.len()];
@@ -748,6 +749,59 @@ mod tests {
         });
         let f = freq(&mut s, &logits_of(&[0.6, 0.2, 0.1, 0.1]), 4000, false);
         assert!(f[0] > 0 && f[1] > 0 && f[2] + f[3] == 0, "{f:?}");
+    }
+
+    /// The top-k shortcut (k + adjusted ids instead of 512 raw candidates) draws exactly what
+    /// the full candidate set draws. The reference disables the shortcut with a positive bias
+    /// on a `-inf` logit, which joins the candidates and is dropped again, so both samplers see
+    /// the same candidates and consume the same random numbers.
+    #[test]
+    fn top_k_shortcut_draws_what_the_full_candidate_set_draws() {
+        let mut rng = ChaCha8Rng::seed_from_u64(42);
+        for case in 0..20 {
+            let vocab = 3000;
+            let mut logits: Vec<f32> = (0..vocab)
+                .map(|_| {
+                    let v = rng.random_range(-2.0f32..2.0);
+                    if rng.random::<f32>() < 0.01 {
+                        v + 8.0
+                    } else {
+                        v
+                    }
+                })
+                .collect();
+            logits[vocab - 1] = f32::NEG_INFINITY;
+            let params = SamplingParams {
+                seed: Some(case),
+                temperature: rng.random_range(0.3f32..1.5),
+                top_k: rng.random_range(1..40usize),
+                top_p: rng.random_range(0.5f32..1.0),
+                min_keep: rng.random_range(1..4usize),
+                penalty_last_n: rng.random_range(1..64i32),
+                repetition_penalty: rng.random_range(1.0f32..1.5),
+                frequency_penalty: rng.random_range(0.0f32..1.0),
+                presence_penalty: rng.random_range(0.0f32..3.0),
+                logit_bias: vec![(rng.random_range(0..vocab as u32 - 1), -5.0)],
+                ..SamplingParams::default()
+            };
+            assert!(params.adjustments_only_lower());
+            let mut fast = Sampler::new(params.clone()).unwrap();
+            let mut reference = Sampler::new(SamplingParams {
+                logit_bias: [params.logit_bias.clone(), vec![(vocab as u32 - 1, 1e-3)]].concat(),
+                ..params
+            })
+            .unwrap();
+            assert!(!reference.params.adjustments_only_lower());
+            for step in 0..100 {
+                // rotate the row so penalised ids stay among the large logits
+                logits[..vocab - 1].rotate_left(step % 7);
+                let a = fast.sample(&logits).unwrap();
+                let b = reference.sample(&logits).unwrap();
+                assert_eq!(a, b, "case {case} step {step}");
+                fast.accept(a);
+                reference.accept(b);
+            }
+        }
     }
 
     #[test]
