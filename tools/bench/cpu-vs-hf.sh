@@ -67,6 +67,9 @@ for name, a, b, f in rows:
 print(f"| peak RSS / weights | {o['peak_rss_bytes'] / o['checkpoint_bytes']:.2f} | "
       f"{h['peak_rss_bytes'] / h['weight_bytes']:.2f} | |")
 print()
+print(f"decode weight stream {o['decode_weight_gb_s']:.1f} GB/s (qwen35), "
+      f"{o['checkpoint_bytes'] / h['decode_median_step_s'] / 1e9:.1f} GB/s (transformers); "
+      f"read bandwidth of this machine on {o['threads']} thread(s): {o['read_ceiling_gb_s']:.1f} GB/s")
 print(f"threads {o['threads']} (both); qwen35 GEMV path {o['isa']}; "
       f"torch {h['torch']}, transformers {h['transformers']}, attention {h['attn_implementation']}")
 EOF

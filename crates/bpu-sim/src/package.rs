@@ -298,7 +298,10 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
     }
     let vision = cfg.vision.as_ref();
     if let Some(vc) = vision {
-        if o.image_size % (vc.patch_size * vc.spatial_merge_size) != 0 {
+        if !o
+            .image_size
+            .is_multiple_of(vc.patch_size * vc.spatial_merge_size)
+        {
             return Err(PackageError::Option(format!(
                 "image size {} is not a multiple of patch {} × merge {}",
                 o.image_size, vc.patch_size, vc.spatial_merge_size

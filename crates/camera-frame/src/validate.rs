@@ -248,10 +248,10 @@ impl<D: AsRef<[u8]>> ImageMsg<'_, D> {
 fn nv12_plane_rows(step: u32, height: u32, len: u64) -> Option<u32> {
     let step = u64::from(step);
     let three_half_rows = 3 * step; // bytes in two rows of Y plus one row of UV
-    if three_half_rows > 0 && (2 * len) % three_half_rows == 0 {
+    if three_half_rows > 0 && (2 * len).is_multiple_of(three_half_rows) {
         let rows = 2 * len / three_half_rows;
         let h = u64::from(height);
-        if rows % 2 == 0 && rows > h && rows <= h + u64::from(MAX_NV12_ROW_PADDING) {
+        if rows.is_multiple_of(2) && rows > h && rows <= h + u64::from(MAX_NV12_ROW_PADDING) {
             return u32::try_from(rows).ok();
         }
     }

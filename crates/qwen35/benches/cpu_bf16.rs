@@ -5,7 +5,9 @@
 //! depend on the weight values.
 //!
 //! Measures prefill tokens/s for one `--prompt`-token forward, decode tokens/s over
-//! `--decode` greedy one-row steps after it, and peak RSS (`VmHWM`); prints one JSON object.
+//! `--decode` greedy one-row steps after it, peak RSS (`VmHWM`), and the weight bytes a
+//! decode step streams per second next to the machine's read bandwidth on the same threads
+//! (decode is bound by it); prints one JSON object.
 //! `tools/bench/cpu-vs-hf.sh` runs it beside the transformers script and prints the ratios.
 //!
 //! ```text
@@ -144,7 +146,11 @@ fn write_random_checkpoint(c: &TextConfig, dir: &Path, seed: u64) -> Result<u64>
         w.write_all(&buf[..n])?;
         left -= n;
     }
-    w.flush()?;
+    // written back before anything is timed: kernel writeback of 1.5 GB of dirty pages would
+    // otherwise compete with the measured runs for memory bandwidth
+    w.into_inner()
+        .map_err(|e| anyhow::anyhow!("flush checkpoint: {e}"))?
+        .sync_all()?;
     Ok(off as u64)
 }
 
@@ -161,6 +167,27 @@ fn proc_status_bytes(key: &str) -> Result<u64> {
         .context("malformed status line")?
         .parse()?;
     Ok(kb * 1024)
+}
+
+/// The machine's read bandwidth on this thread pool, the ceiling of a decode step (which
+/// streams every weight once): best of 5 parallel sums over 512 MiB (well above any cache).
+/// Runs after the RSS figures are taken, so its buffer does not count in them.
+fn read_ceiling_gb_s() -> f64 {
+    use rayon::prelude::*;
+    let words = (512usize << 20) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+            .reduce(|| 0, u64::wrapping_add);
+        let dt = t.elapsed().as_secs_f64();
+        std::hint::black_box(s);
+        best = best.max((words * 8) as f64 / dt / 1e9);
+    }
+    best
 }
 
 fn main() -> Result<()> {
@@ -217,6 +244,10 @@ fn main() -> Result<()> {
     sorted.sort_by(f64::total_cmp);
     let median = sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN);
 
+    let peak_rss = proc_status_bytes("VmHWM:")?;
+    let final_rss = proc_status_bytes("VmRSS:")?;
+    let ceiling = read_ceiling_gb_s();
+
     let out = json!({
         "impl": "qwen35",
         "isa": format!("{:?}", qwen35::kernels::bf16::Isa::detect()),
@@ -235,8 +266,11 @@ fn main() -> Result<()> {
         "decode_tok_s": a.decode as f64 / decode_total,
         "decode_median_step_s": median,
         "decode_tok_s_median": 1.0 / median,
-        "peak_rss_bytes": proc_status_bytes("VmHWM:")?,
-        "final_rss_bytes": proc_status_bytes("VmRSS:")?,
+        // a decode step reads every weight matrix once (the tied embedding as the lm_head)
+        "decode_weight_gb_s": file_bytes as f64 / median / 1e9,
+        "read_ceiling_gb_s": ceiling,
+        "peak_rss_bytes": peak_rss,
+        "final_rss_bytes": final_rss,
     });
     println!("{out}");
     Ok(())

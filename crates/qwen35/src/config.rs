@@ -329,7 +329,7 @@ impl RawConfig {
         let head_dim = need(t.head_dim, &k("head_dim"))?;
         let prf = need(rope.partial_rotary_factor, &rk("partial_rotary_factor"))?;
         let rotary = (head_dim as f64 * prf).round() as usize;
-        if rotary == 0 || rotary % 2 != 0 || rotary > head_dim {
+        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > head_dim {
             return Err(bad(
                 &rk("partial_rotary_factor"),
                 format!("gives rotary dim {rotary}, which must be even and in 2..={head_dim}"),

@@ -225,22 +225,56 @@ pub fn causal_conv_silu(
     state: &mut [f32],
 ) -> Vec<f32> {
     let past = kernel - 1;
-    let mut out = vec![0.0f32; n * ch];
-    let mut seq = vec![0.0f32; past + n];
+    // Token-major, so every access is a contiguous row of `ch` channels (a channel-major loop
+    // strides through `x` by `ch` and misses the cache on every read): tap `i` of output row
+    // `t` reads row `t + i` of [history; x]. Taps are added in the same order as the
+    // per-channel dot product, so the result is bit-identical to it.
+    let mut wt = vec![0.0f32; kernel * ch];
     for c in 0..ch {
-        seq[..past].copy_from_slice(&state[c * past..(c + 1) * past]);
-        for t in 0..n {
-            seq[past + t] = x[t * ch + c];
+        for i in 0..kernel {
+            wt[i * ch + c] = w[c * kernel + i];
         }
-        let wc = &w[c * kernel..(c + 1) * kernel];
-        for t in 0..n {
-            let acc: f32 = wc.iter().zip(&seq[t..t + kernel]).map(|(a, b)| a * b).sum();
-            out[t * ch + c] = silu(acc);
+    }
+    let mut hist = vec![0.0f32; past * ch];
+    for c in 0..ch {
+        for j in 0..past {
+            hist[j * ch + c] = state[c * past + j];
         }
-        state[c * past..(c + 1) * past].copy_from_slice(&seq[n..n + past]);
+    }
+    let row = |s: usize| -> &[f32] {
+        if s < past {
+            &hist[s * ch..(s + 1) * ch]
+        } else {
+            &x[(s - past) * ch..(s - past + 1) * ch]
+        }
+    };
+    let mut out = vec![0.0f32; n * ch];
+    let rows_per_task = (CONV_TASK_ELEMS / ch.max(1)).max(1);
+    out.par_chunks_mut(rows_per_task * ch.max(1))
+        .enumerate()
+        .for_each(|(task, block)| {
+            for (r, o) in block.chunks_mut(ch.max(1)).enumerate() {
+                let t = task * rows_per_task + r;
+                for i in 0..kernel {
+                    let taps = &wt[i * ch..(i + 1) * ch];
+                    for ((o, &a), &b) in o.iter_mut().zip(taps).zip(row(t + i)) {
+                        *o += a * b;
+                    }
+                }
+                o.iter_mut().for_each(|v| *v = silu(*v));
+            }
+        });
+    for j in 0..past {
+        let r = row(n + j);
+        for c in 0..ch {
+            state[c * past + j] = r[c];
+        }
     }
     out
 }
+
+/// Output elements of the causal conv per rayon task (enough to amortise a task).
+const CONV_TASK_ELEMS: usize = 1 << 15;
 
 /// The GDN mixer of one layer (`…layers.N.linear_attn.*`).
 pub struct GatedDeltaNet {
@@ -467,6 +501,49 @@ mod tests {
         let want = sd + beta * (v - sd * k) * k;
         assert!((s[0] - want).abs() < 1e-6);
         assert!((o[0] - want * q).abs() < 1e-6);
+    }
+
+    /// The token-major conv against the definition (per channel, a dot product over
+    /// [state; x]) on shapes with more rows than fit one rayon task and fewer rows than taps.
+    #[test]
+    fn conv_matches_the_per_channel_definition() {
+        let mut r = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for &(n, ch, kernel) in &[
+            (1usize, 5usize, 4usize),
+            (2, 7, 4),
+            (300, 130, 4),
+            (9, 3, 1),
+        ] {
+            let x: Vec<f32> = (0..n * ch).map(|_| r.random_range(-2.0f32..2.0)).collect();
+            let w: Vec<f32> = (0..ch * kernel)
+                .map(|_| r.random_range(-1.0f32..1.0))
+                .collect();
+            let past = kernel - 1;
+            let state0: Vec<f32> = (0..ch * past)
+                .map(|_| r.random_range(-1.0f32..1.0))
+                .collect();
+            let mut state = state0.clone();
+            let got = causal_conv_silu(&x, n, ch, &w, kernel, &mut state);
+            for c in 0..ch {
+                let seq: Vec<f32> = state0[c * past..(c + 1) * past]
+                    .iter()
+                    .copied()
+                    .chain((0..n).map(|t| x[t * ch + c]))
+                    .collect();
+                for t in 0..n {
+                    let mut acc = 0.0f32;
+                    for i in 0..kernel {
+                        acc += w[c * kernel + i] * seq[t + i];
+                    }
+                    assert_eq!(
+                        got[t * ch + c].to_bits(),
+                        silu(acc).to_bits(),
+                        "n={n} c={c} t={t}"
+                    );
+                }
+                assert_eq!(&state[c * past..(c + 1) * past], &seq[n..n + past]);
+            }
+        }
     }
 
     #[test]

@@ -339,7 +339,7 @@ impl TextModel {
             });
         };
         let h = self.cfg.hidden_size;
-        if x.len() % h != 0 || x.is_empty() {
+        if !x.len().is_multiple_of(h) || x.is_empty() {
             return Err(Error::InputShape {
                 what: "x rows",
                 expected: h,

@@ -274,7 +274,7 @@ pub fn patchify_rgb8(
     }
     check_len("rgb8 [height, width, 3]", width * height * 3, rgb.len())?;
     let unit = p * m;
-    if width == 0 || height == 0 || width % unit != 0 || height % unit != 0 {
+    if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
         return Err(Error::Image {
             reason: format!(
                 "{width}x{height} is not a positive multiple of {unit} px (resize first)"

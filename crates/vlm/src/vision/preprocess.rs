@@ -27,7 +27,12 @@ impl Geometry {
         merge: usize,
         temporal: usize,
     ) -> Result<Self, VisionError> {
-        if side == 0 || patch == 0 || merge == 0 || temporal == 0 || side % (patch * merge) != 0 {
+        if side == 0
+            || patch == 0
+            || merge == 0
+            || temporal == 0
+            || !side.is_multiple_of(patch * merge)
+        {
             return Err(VisionError::BadGeometry { side, patch, merge });
         }
         Ok(Self {
