@@ -28,7 +28,7 @@ use hbdnn::{DType, DeviceBuffer, Graph, PackedModel, Runtime, Sched, TensorSpec}
 
 use crate::chat::Pos3;
 use crate::engine::{
-    Backend, BackendInfo, CacheLayout, EngineError, StateBlob, StateShape, VisionSpec,
+    check_rows, Backend, BackendInfo, CacheLayout, EngineError, StateBlob, StateShape, VisionSpec,
 };
 use crate::package::{LoadOptions, ModelConfig, PackageError};
 use crate::vision::{Geometry, PixelValues};
@@ -912,18 +912,7 @@ impl Backend for BpuBackend {
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<bool, EngineError> {
         let h = self.info.hidden;
-        let n = positions.len();
-        if n == 0 || rows.len() != n * h {
-            return Err(EngineError::Shape {
-                what: "rows [n, hidden] for n positions",
-                expected: n.max(1) * h,
-                found: rows.len(),
-            });
-        }
-        let left = self.context_left();
-        if n > left {
-            return Err(EngineError::ContextOverflow { needed: n, left });
-        }
+        let n = check_rows(h, rows, positions, self.context_left())?;
         let chunk = self.info.prefill_chunk;
         let mut i = 0;
         while i < n {

@@ -102,18 +102,7 @@ pub trait Backend {
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<bool, EngineError> {
         let h = self.info().hidden;
-        let n = positions.len();
-        if n == 0 || rows.len() != n * h {
-            return Err(EngineError::Shape {
-                what: "rows [n, hidden] for n positions",
-                expected: n.max(1) * h,
-                found: rows.len(),
-            });
-        }
-        let left = self.context_left();
-        if n > left {
-            return Err(EngineError::ContextOverflow { needed: n, left });
-        }
+        let n = check_rows(h, rows, positions, self.context_left())?;
         let chunk = self.info().prefill_chunk;
         let mut i = 0;
         while i < n {
@@ -130,4 +119,27 @@ pub trait Backend {
         }
         Ok(true)
     }
+}
+
+/// Checks a block of rows for [`Backend::step_interruptible`] (every implementation): `rows`
+/// is `[n, hidden]` for the `n` positions, `n >= 1`, and the rows fit the `left` context rows.
+/// Returns `n`.
+pub(crate) fn check_rows(
+    hidden: usize,
+    rows: &[f32],
+    positions: &[Pos3],
+    left: usize,
+) -> Result<usize, EngineError> {
+    let n = positions.len();
+    if n == 0 || rows.len() != n * hidden {
+        return Err(EngineError::Shape {
+            what: "rows [n, hidden] for n positions",
+            expected: n.max(1) * hidden,
+            found: rows.len(),
+        });
+    }
+    if n > left {
+        return Err(EngineError::ContextOverflow { needed: n, left });
+    }
+    Ok(n)
 }

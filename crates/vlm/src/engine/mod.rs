@@ -16,6 +16,7 @@ mod error;
 mod generate;
 mod state;
 
+pub(crate) use backend::check_rows;
 pub use backend::{Backend, BackendInfo, VisionSpec};
 pub use cpu::{CpuBackend, CpuOptions, DEFAULT_CONTEXT, DEFAULT_IMAGE_SIDE, DEFAULT_PREFILL_CHUNK};
 pub use error::EngineError;
