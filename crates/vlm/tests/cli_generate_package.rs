@@ -12,7 +12,9 @@ use std::process::{Command, Output};
 
 use bpu_sim::package::{PackageOptions, PrefillIn};
 use bpu_sim::LogitsType;
-use common::{golden_case, golden_step_logits, max_abs_diff, model_dir, sim_package, GoldenCase};
+use common::{
+    golden_case, golden_step_logits, ids, max_abs_diff, model_dir, sim_package, GoldenCase,
+};
 
 /// f32 logits vs the HF goldens (issue 5).
 const F32_TOL: f32 = 1e-4;
@@ -76,13 +78,6 @@ fn parse(out: &Output, what: &str) -> Run {
         String::from_utf8_lossy(&out.stderr)
     );
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     Run {
         tokens: ids(&j["tokens"]),
         logits: j["logits"]

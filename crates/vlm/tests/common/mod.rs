@@ -62,13 +62,6 @@ pub fn golden_case(model: &str, name: &str) -> GoldenCase {
         .iter()
         .find(|c| c["name"] == name)
         .unwrap_or_else(|| panic!("no golden case {name}"));
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
     GoldenCase {
         name: name.into(),
         ids: ids(&c["prompt_ids"]),
@@ -81,6 +74,15 @@ pub fn golden_case(model: &str, name: &str) -> GoldenCase {
         greedy: ids(&c["greedy_tokens"]),
         step_logits_key: c["tensors"]["step_logits"].as_str().unwrap_or("").into(),
     }
+}
+
+/// A JSON array of token ids (goldens, `vlm generate --json` output).
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 /// The golden step logits of `case`, one row per generated token.
