@@ -41,6 +41,7 @@ print_summary() {
   echo "=== phase times"
   printf '%s\n' "${SUMMARY[@]}"
   echo "total        $(($(date +%s) - T_ALL))s"
+  echo "disk         $(du -sh "$ROOT/target" "$ROOT/.cache" "$ROOT/.ros2" 2>/dev/null | awk '{ printf "%s %s  ", $2, $1 }' | sed "s|$ROOT/||g")"
   # One closing line over every test binary of the cargo test phase (cargo prints one
   # "test result" line per binary, the last of which is often a doc-test binary with 0 tests).
   if [ -f "$TEST_LOG" ]; then
@@ -80,6 +81,15 @@ ensure_rust_components() {
   cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
   cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 }
+
+# A full run from a fresh clone writes about 6 GB (target/, .cache/colcon-check/, .ros2/); a
+# full disk shows up as an obscure link error deep in the test phase, so say it up front.
+NEED_GB=8
+free_gb=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
+echo "[test] ${free_gb} GB free on $(df -P "$ROOT" | awk 'NR == 2 { print $6 }') (a fresh run needs about ${NEED_GB})"
+if [ "${free_gb:-0}" -lt "$NEED_GB" ]; then
+  echo "[test] WARNING: less than ${NEED_GB} GB free; the build may fail with 'No space left on device'" >&2
+fi
 
 phase bootstrap bash tools/ros2-bootstrap.sh
 # shellcheck disable=SC1091
