@@ -82,9 +82,9 @@ ensure_rust_components() {
   cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 }
 
-# A full run from a fresh clone writes about 6 GB (target/, .cache/colcon-check/, .ros2/); a
+# A full run from a fresh clone peaks at about 3 GB (target/, .cache/colcon-check/, .ros2/); a
 # full disk shows up as an obscure link error deep in the test phase, so say it up front.
-NEED_GB=8
+NEED_GB=4
 free_gb=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
 echo "[test] ${free_gb} GB free on $(df -P "$ROOT" | awk 'NR == 2 { print $6 }') (a fresh run needs about ${NEED_GB})"
 if [ "${free_gb:-0}" -lt "$NEED_GB" ]; then

@@ -42,30 +42,10 @@ fn defaults_write_the_published_layout() {
     ] {
         assert!(out.join(f).is_file(), "{f} missing");
     }
+    // Every contract key is checked on the writer (hbdnn's sim_graphs); here the CLI's
+    // defaults, and that the strict loader below accepts what it wrote.
     let j: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("model.json")).unwrap()).unwrap();
-    for key in [
-        "arch",
-        "graph",
-        "hbm",
-        "hbm_prefill",
-        "embed",
-        "tokenizer",
-        "visual",
-        "eos",
-        "chat",
-        "rope_theta",
-        "mrope_section",
-        "mrope_interleaved",
-        "vision",
-        "cache_len",
-        "prefill_pads",
-        "prefill_min_tail",
-        "dialect",
-        "image_token_id",
-    ] {
-        assert!(j.get(key).is_some(), "model.json lacks {key}: {j}");
-    }
     assert_eq!(j["prefill_pads"], false);
 
     let _sim = {
