@@ -57,5 +57,5 @@ pub use rope::{mrope_positions, rope_tables, window_mask, ImageGrid, Pos3, MASK_
 pub use text::{
     f32_from_le_bytes, f32_to_le_bytes, KvLayout, LayerState, LogitRows, SequenceState, TextModel,
 };
-pub use vision::{patchify_rgb8, VisionTower};
+pub use vision::{patchify, patchify_rgb8, Normalise, PatchLayout, VisionTower};
 pub use weights::{Bf16Data, WeightData, WeightStore};

@@ -12,9 +12,6 @@ use crate::weights::WeightStore;
 const VISION_LN_EPS: f32 = 1e-6;
 /// 2-D rotary base of the vision attention.
 const VISION_ROPE_THETA: f64 = 10_000.0;
-/// Processor normalisation (`image_mean` = `image_std` = 0.5 for Qwen3.5).
-const IMAGE_MEAN: f32 = 0.5;
-const IMAGE_STD: f32 = 0.5;
 
 struct Block {
     norm1: (Vec<f32>, Vec<f32>),
@@ -252,54 +249,113 @@ impl VisionTower {
     }
 }
 
+/// Where pixels go in the tower's input: patch side, merge-block side, frames per patch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PatchLayout {
+    pub patch: usize,
+    pub merge: usize,
+    pub temporal: usize,
+}
+
+impl VisionConfig {
+    pub fn patch_layout(&self) -> PatchLayout {
+        PatchLayout {
+            patch: self.patch_size,
+            merge: self.spatial_merge_size,
+            temporal: self.temporal_patch_size,
+        }
+    }
+}
+
+/// The image processor's per-channel normalisation, `(x/255 − mean) / std`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Normalise {
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+impl Normalise {
+    /// Qwen3.5's processor: `image_mean` = `image_std` = 0.5 on every channel.
+    pub const QWEN: Self = Self {
+        mean: [0.5; 3],
+        std: [0.5; 3],
+    };
+}
+
 /// HF processor (`Qwen2VLImageProcessor*` with Qwen3.5 values) for an image whose sides are
-/// already multiples of `patch·merge` (no resize here): `x/255`, `(x − 0.5)/0.5`, patches in
-/// merge-block order, each `(C, T, P, P)` with the frame repeated over T.
-/// `rgb` is interleaved RGB8, row-major `[height, width, 3]`.
+/// already multiples of `patch·merge` (no resize here): see [`patchify`].
 pub fn patchify_rgb8(
     rgb: &[u8],
     width: usize,
     height: usize,
     cfg: &VisionConfig,
 ) -> Result<(Vec<f32>, ImageGrid)> {
-    let (p, m, tp) = (
-        cfg.patch_size,
-        cfg.spatial_merge_size,
-        cfg.temporal_patch_size,
-    );
     if cfg.in_channels != 3 {
         return Err(Error::Image {
             reason: format!("in_channels {} (only RGB supported)", cfg.in_channels),
         });
     }
+    patchify(rgb, width, height, cfg.patch_layout(), Normalise::QWEN)
+}
+
+/// Normalise and patchify an interleaved RGB8 image (row-major `[height, width, 3]`) whose
+/// sides are multiples of `patch·merge` into the tower's input `[n_patch, 3·T·P·P]`.
+///
+/// Order ("merged", as BLLM and the HF processor use it): for each merge block (row-major
+/// over the merged grid), its `merge × merge` patches row-major; inside a patch: channel,
+/// frame, py, px; a still image fills every frame with the same pixels. Arithmetic as the HF
+/// processor's: `f32(v · (1/255) in f64)`, then `(x − mean) / std` in f32.
+pub fn patchify(
+    rgb: &[u8],
+    width: usize,
+    height: usize,
+    layout: PatchLayout,
+    norm: Normalise,
+) -> Result<(Vec<f32>, ImageGrid)> {
+    let PatchLayout {
+        patch: p,
+        merge: m,
+        temporal: t,
+    } = layout;
     check_len("rgb8 [height, width, 3]", width * height * 3, rgb.len())?;
     let unit = p * m;
-    if width == 0 || height == 0 || !width.is_multiple_of(unit) || !height.is_multiple_of(unit) {
+    if unit == 0
+        || t == 0
+        || width == 0
+        || height == 0
+        || !width.is_multiple_of(unit)
+        || !height.is_multiple_of(unit)
+    {
         return Err(Error::Image {
             reason: format!(
-                "{width}x{height} is not a positive multiple of {unit} px (resize first)"
+                "{width}x{height} is not a positive multiple of {unit} px (resize first), \
+                 or the layout {layout:?} is empty"
             ),
         });
     }
+    // 256 values per channel: a table is both exact and cheaper than the arithmetic.
+    let mut lut = [[0f32; 256]; 3];
+    for (c, table) in lut.iter_mut().enumerate() {
+        for (v, out) in table.iter_mut().enumerate() {
+            let x = (v as f64 * (1.0 / 255.0)) as f32;
+            *out = (x - norm.mean[c]) / norm.std[c];
+        }
+    }
     let (gh, gw) = (height / p, width / p);
-    let scale = 1.0f32 / 255.0;
-    let norm = |v: u8| (v as f32 * scale - IMAGE_MEAN) / IMAGE_STD;
-    let plen = cfg.patch_len();
-    let mut out = Vec::with_capacity(gh * gw * plen);
-    for br in 0..gh / m {
-        for bc in 0..gw / m {
-            for ir in 0..m {
-                for ic in 0..m {
-                    let (r, c) = (br * m + ir, bc * m + ic);
-                    for ch in 0..3 {
-                        for _ in 0..tp {
-                            for py in 0..p {
-                                let y = r * p + py;
-                                for px in 0..p {
-                                    let xx = c * p + px;
-                                    out.push(norm(rgb[(y * width + xx) * 3 + ch]));
-                                }
-                            }
+    let mut out = Vec::with_capacity(gh * gw * 3 * t * p * p);
+    for bh in 0..gh / m {
+        for bw in 0..gw / m {
+            for mh in 0..m {
+                for mw in 0..m {
+                    let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
+                    for (c, table) in lut.iter().enumerate() {
+                        let start = out.len();
+                        for y in y0..y0 + p {
+                            let row = &rgb[(y * width + x0) * 3..(y * width + x0 + p) * 3];
+                            out.extend(row.chunks_exact(3).map(|px| table[usize::from(px[c])]));
+                        }
+                        for _ in 1..t {
+                            out.extend_from_within(start..start + p * p);
                         }
                     }
                 }

@@ -50,6 +50,17 @@ impl Pos3 {
     }
 }
 
+/// The rope tables' coordinates (signed, as the HF reference computes them).
+impl From<Pos3> for qwen35::Pos3 {
+    fn from(p: Pos3) -> Self {
+        Self {
+            t: i64::from(p.t),
+            h: i64::from(p.h),
+            w: i64::from(p.w),
+        }
+    }
+}
+
 /// Where the tower's rows go: `grid_h × grid_w` merged rows in raster order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageSlot {

@@ -186,14 +186,6 @@ pub struct BpuBackend {
     _lock: Option<EngineLock>,
 }
 
-fn to_rope(p: &Pos3) -> qwen35::Pos3 {
-    qwen35::Pos3 {
-        t: i64::from(p.t),
-        h: i64::from(p.h),
-        w: i64::from(p.w),
-    }
-}
-
 /// Any device failure fails the request; the state (the input cache set) is left untouched.
 fn device(what: &str, e: hbdnn::Error) -> EngineError {
     EngineError::Bpu {
@@ -712,7 +704,7 @@ impl BpuBackend {
                 left,
             });
         }
-        let rope: Vec<qwen35::Pos3> = positions.iter().map(to_rope).collect();
+        let rope: Vec<qwen35::Pos3> = positions.iter().map(|&p| p.into()).collect();
         let (mut cos, mut sin) =
             qwen35::rope_tables(&rope, self.shape.rot, self.cfg.rope_theta, &self.axes);
         let cl = self.shape.context;

@@ -167,14 +167,6 @@ impl CpuBackend {
     }
 }
 
-fn to_qwen(p: &Pos3) -> qwen35::Pos3 {
-    qwen35::Pos3 {
-        t: i64::from(p.t),
-        h: i64::from(p.h),
-        w: i64::from(p.w),
-    }
-}
-
 impl Backend for CpuBackend {
     fn info(&self) -> &BackendInfo {
         &self.info
@@ -224,7 +216,7 @@ impl Backend for CpuBackend {
             return Err(EngineError::ContextOverflow { needed: n, left });
         }
         let cl = self.info.context;
-        let pos: Vec<qwen35::Pos3> = positions.iter().map(to_qwen).collect();
+        let pos: Vec<qwen35::Pos3> = positions.iter().map(|&p| p.into()).collect();
         let (cos, sin) = self.model.text.rope_tables(&pos);
         let mask = window_mask(self.state.consumed, n, cl, self.info.mask_heads);
         let logits = self.model.text.forward_window(

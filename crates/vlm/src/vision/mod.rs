@@ -25,4 +25,6 @@ pub enum VisionError {
         patch: usize,
         merge: usize,
     },
+    #[error("patchify: {0}")]
+    Patchify(String),
 }

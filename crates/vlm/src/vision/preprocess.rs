@@ -1,10 +1,6 @@
-//! Normalisation and patchify into the vision tower's input `[n_patch, 3·T·P·P]`.
-//!
-//! Order ("merged", as BLLM and the HF processor use it): for each merge block (row-major
-//! over the merged grid), its `merge × merge` patches row-major; inside a patch row:
-//! channel, frame, py, px. A still image fills every temporal frame with the same pixels.
-//! Normalisation follows the HF processor's arithmetic: `f32(v · (1/255) in f64)`, then
-//! `(x − mean) / std` in f32.
+//! Any frame → the tower's input `[n_patch, 3·T·P·P]`: resize to the bucket, then the
+//! model's own normalise + patchify (`qwen35::patchify`, the HF processor's order and
+//! arithmetic).
 
 use super::resize::{resize_bicubic, RgbImage};
 use super::VisionError;
@@ -120,41 +116,22 @@ pub fn patchify_merged(
             merge: geom.merge,
         });
     }
-    let mut lut = [[0f32; 256]; 3];
-    for (c, table) in lut.iter_mut().enumerate() {
-        for (v, out) in table.iter_mut().enumerate() {
-            let x = (v as f64 * (1.0 / 255.0)) as f32;
-            *out = (x - mean[c]) / std[c];
-        }
-    }
-    let (p, m, t, w) = (geom.patch, geom.merge, geom.temporal, geom.side);
-    let g = geom.merged_side();
-    let row_len = geom.row_len();
-    let mut data = Vec::with_capacity(geom.n_patch() * row_len);
-    for bh in 0..g {
-        for bw in 0..g {
-            for mh in 0..m {
-                for mw in 0..m {
-                    let (y0, x0) = ((bh * m + mh) * p, (bw * m + mw) * p);
-                    for (c, table) in lut.iter().enumerate() {
-                        let start = data.len();
-                        for py in 0..p {
-                            let row =
-                                &img.data[((y0 + py) * w + x0) * 3..((y0 + py) * w + x0 + p) * 3];
-                            data.extend(row.chunks_exact(3).map(|px| table[usize::from(px[c])]));
-                        }
-                        // Further frames repeat the first (a still image).
-                        for _ in 1..t {
-                            data.extend_from_within(start..start + p * p);
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let layout = qwen35::PatchLayout {
+        patch: geom.patch,
+        merge: geom.merge,
+        temporal: geom.temporal,
+    };
+    let (data, _) = qwen35::patchify(
+        &img.data,
+        img.width,
+        img.height,
+        layout,
+        qwen35::Normalise { mean, std },
+    )
+    .map_err(|e| VisionError::Patchify(e.to_string()))?;
     Ok(PixelValues {
         rows: geom.n_patch(),
-        row_len,
+        row_len: geom.row_len(),
         data,
     })
 }
