@@ -812,7 +812,7 @@ impl BpuBackend {
             let io = self
                 .prefill
                 .as_ref()
-                .expect("a prefill run used the prefill graph");
+                .ok_or(EngineError::RowCount { rows: n, chunk })?;
             self.logit_image[..len].copy_from_slice(&io.logits.as_bytes()[off..off + len]);
             self.logits_from_image();
         }
