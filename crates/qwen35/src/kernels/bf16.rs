@@ -104,6 +104,12 @@ pub fn widen(b: bf16) -> f32 {
     f32::from_bits(u32::from(b.to_bits()) << 16)
 }
 
+/// `Σ_{from ≤ j < k} w[r·k + j] · x[j]`: the columns of row `r` a vector loop leaves over.
+#[inline]
+fn row_tail(w: &[bf16], k: usize, x: &[f32], r: usize, from: usize) -> f32 {
+    (from..k).map(|j| widen(w[r * k + j]) * x[j]).sum()
+}
+
 /// Rows of output handled by one rayon task in the GEMV (enough work to amortise a task).
 const GEMV_ROWS_PER_TASK: usize = 64;
 
@@ -222,11 +228,7 @@ mod x86 {
         let rows = out.len();
         let k8 = k - k % 8;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let tail = |r: usize| -> f32 {
-            (k8..k)
-                .map(|j| super::widen(w[r * k + j]) * x[j])
-                .sum::<f32>()
-        };
+        let tail = |r: usize| super::row_tail(w, k, x, r, k8);
         // SAFETY: AVX2+FMA are available (caller contract). Every load reads 8 elements at
         // column j with j + 8 <= k8 <= k = x.len(), in row r' < rows, so the weight load ends at
         // r'·k + j + 8 <= rows·k <= w.len(); `loadu` accepts any alignment; stores go to a
@@ -283,11 +285,7 @@ mod x86 {
         let rows = out.len();
         let k16 = k - k % 16;
         let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let tail = |r: usize| -> f32 {
-            (k16..k)
-                .map(|j| super::widen(w[r * k + j]) * x[j])
-                .sum::<f32>()
-        };
+        let tail = |r: usize| super::row_tail(w, k, x, r, k16);
         // SAFETY: AVX-512F is available (caller contract). Every load reads 16 elements at
         // column j with j + 16 <= k16 <= k = x.len(), in row r' < rows, so the weight load
         // ends at r'·k + j + 16 <= rows·k <= w.len(); `loadu` accepts any alignment.
@@ -344,7 +342,7 @@ mod arm {
         let k8 = k - k % 8;
         let (wp, xp) = (w.as_ptr().cast::<u16>(), x.as_ptr());
         for (r, o) in out.iter_mut().enumerate() {
-            let tail: f32 = (k8..k).map(|j| super::widen(w[r * k + j]) * x[j]).sum();
+            let tail = super::row_tail(w, k, x, r, k8);
             // SAFETY: NEON is available (caller contract); j + 8 <= k8 <= x.len() and
             // r·k + j + 8 <= (r+1)·k <= w.len() (caller contract); bf16 has the size and
             // alignment of u16.
