@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use bpu_sim::package::{make_sim_package, PackageOptions, PrefillIn};
 use bpu_sim::{LogitsType, Sim, SimConfig};
-use hbdnn::{DeviceBuffer, Graph, Runtime, Sched, TensorSpec};
+use hbdnn::{DeviceBuffer, Graph, PackedModel, Runtime, Sched, TensorSpec};
 use qwen35::{window_mask, LogitRows, Pos3, Qwen35Model, SequenceState};
 
 /// Named tolerance of f32 logits between two computation orders.
@@ -29,6 +29,12 @@ fn runtime() -> (Sim, Runtime) {
     let sim = Sim::new(SimConfig::default());
     sim.install();
     (sim, Runtime::new(bpu_sim::table().unwrap()))
+}
+
+/// `model.hbm` and `model_prefill.hbm` of a package, as one packed handle.
+fn load_both(rt: &Runtime, dir: &Path) -> PackedModel {
+    rt.load(&[dir.join("model.hbm"), dir.join("model_prefill.hbm")])
+        .unwrap()
 }
 
 /// Decode/prefill buffers plus the two cache sets.
@@ -153,12 +159,7 @@ fn graph_specs_match_the_contract() {
     let d = tempfile::tempdir().unwrap();
     package(d.path(), |_| {});
     let (_sim, rt) = runtime();
-    let m = rt
-        .load(&[
-            d.path().join("model.hbm"),
-            d.path().join("model_prefill.hbm"),
-        ])
-        .unwrap();
+    let m = load_both(&rt, d.path());
     assert_eq!(
         m.graph_names(),
         ["qwen35".to_string(), "qwen35_prefill".to_string()]
@@ -338,12 +339,7 @@ fn prefill_chunk_equals_decode_steps() {
     let r = reference();
     let (sim, rt) = runtime();
     {
-        let m = rt
-            .load(&[
-                d.path().join("model.hbm"),
-                d.path().join("model_prefill.hbm"),
-            ])
-            .unwrap();
+        let m = load_both(&rt, d.path());
         check_prefill(
             &r,
             m.graph("qwen35").unwrap(),
@@ -499,12 +495,7 @@ fn padded_prefill_tail_equals_decode_steps() {
     );
     let r = reference();
     let (_sim, rt) = runtime();
-    let m = rt
-        .load(&[
-            d.path().join("model.hbm"),
-            d.path().join("model_prefill.hbm"),
-        ])
-        .unwrap();
+    let m = load_both(&rt, d.path());
     let dec = m.graph("qwen35").unwrap();
     let pre = m.graph("qwen35_prefill").unwrap();
     let (n, cl, t) = (6usize, 24usize, 4usize);
