@@ -61,7 +61,7 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
     let mut values = vec![
         kv("state", s.state.as_str()),
         kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
-        kv("backend", s.model.as_ref().map_or("", |m| m.backend)),
+        kv("backend", s.model.as_ref().map_or("", |m| m.backend.as_str())),
         kv(
             "model_dir",
             s.model
@@ -99,7 +99,7 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
         hardware_id: s
             .model
             .as_ref()
-            .map_or(String::new(), |m| m.backend.to_owned()),
+            .map_or(String::new(), |m| m.backend.as_str().to_owned()),
         values,
     }
 }

@@ -9,7 +9,7 @@
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 
-use bpu_sim::package::{make_sim_package, PackageOptions};
+use vlm_bpu::sim::{make_sim_package, PackageOptions};
 
 const FILES: &[(&str, &[u8])] = &[
     (
@@ -43,7 +43,7 @@ pub enum EmbeddedError {
         source: std::io::Error,
     },
     #[error("building the embedded sim package: {0}")]
-    Package(#[from] bpu_sim::package::PackageError),
+    Package(#[from] vlm_bpu::sim::PackageError),
     #[error("no cache folder: set the cache_dir parameter, XDG_CACHE_HOME or HOME")]
     NoCacheDir,
 }
@@ -83,7 +83,7 @@ pub fn package_key() -> String {
     CONTEXT.hash(&mut h);
     format!(
         "tiny-4b-v{}-{:016x}",
-        bpu_sim::container::VERSION,
+        vlm_bpu::sim::CONTAINER_VERSION,
         h.finish()
     )
 }
@@ -152,6 +152,6 @@ mod tests {
             .modified()
             .unwrap();
         assert_eq!(stamp, again);
-        assert!(package_key().contains(&format!("-v{}-", bpu_sim::container::VERSION)));
+        assert!(package_key().contains(&format!("-v{}-", vlm_bpu::sim::CONTAINER_VERSION)));
     }
 }

@@ -15,7 +15,8 @@ use r2r::builtin_interfaces::msg::Time;
 use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
 use serde_json::Value;
-use vlm::assistant::{Assistant, AssistantError, Conversation, ModelInfo, Turn};
+use vlm::assistant::{Assistant, AssistantError, BackendKind, Conversation, ModelInfo, Turn};
+use vlm_bpu::OpenError;
 use vlm::engine::{EngineError, ImageInput};
 use vlm::sampler::SamplingParams;
 use vlm::stream::{Completion, Event, FinishReason};
@@ -204,7 +205,7 @@ pub struct EngineConfig {
 /// Runs on the engine thread: `open` builds the assistant there, `ready` reports the outcome
 /// of loading, then jobs are served until the channel closes.
 pub fn run(
-    open: impl FnOnce() -> Result<Assistant, AssistantError>,
+    open: impl FnOnce() -> Result<Assistant, OpenError>,
     config: EngineConfig,
     jobs: Receiver<Job>,
     outputs: Outputs,
@@ -225,11 +226,11 @@ pub fn run(
             return;
         }
     };
-    let sim = (assistant.info().backend == "bpu-sim").then(bpu_sim::Sim::current);
+    let on_sim = assistant.info().backend == BackendKind::BpuSim;
     let sim_live = || {
-        sim.as_ref().map(|s| {
-            let st = s.stats();
-            (st.live_buffers, st.live_tasks)
+        on_sim.then(|| {
+            let live = vlm_bpu::sim::live_handles();
+            (live.buffers, live.tasks)
         })
     };
     update(&stats, |s| {

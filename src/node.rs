@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use camera_frame::{CacheConfig, CameraCache};
 use futures::StreamExt;
 use r2r::{QosProfile, ServiceRequest};
-use vlm::assistant::{Assistant, ModelSource, OpenOptions};
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 use crate::ask::{self, AskContext};
 use crate::cameras::{self, CameraMsg};
@@ -311,7 +311,7 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
                         ..OpenOptions::default()
                     };
                     opts.bpu.priority = p.bpu_priority;
-                    Assistant::open(&source, &opts)
+                    open_assistant(&source, &opts)
                 };
                 engine::run(open, config, job_rx, outputs, registry, stats, ready_tx);
             })
@@ -343,7 +343,7 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
             tasks.push(tokio::spawn(serve_ask(asks, ask_ctx.clone())));
             tracing::info!(
                 model = %info.name,
-                backend = info.backend,
+                backend = %info.backend,
                 ask = %params.ask_service,
                 tokens = %params.tokens_topic,
                 "vlm_node is ready"

@@ -17,7 +17,8 @@ use anyhow::{ensure, Context as _};
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use vlm::assistant::{Assistant, ModelSource, OpenOptions, Turn};
+use vlm::assistant::Turn;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
 
@@ -270,7 +271,7 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
     );
     // The same turn through vlm::assistant (what `vlm chat` runs), greedy.
     let pkg = bpu_vlm::embedded::ensure_package(&cache_dir())?;
-    let mut a = Assistant::open(&ModelSource::Package(pkg), &OpenOptions::default())?;
+    let mut a = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default())?;
     let turn = |text: &str, images: Vec<ImageInput>| {
         let mut t = Turn::new(text, MAX_NEW);
         t.images = images;
@@ -577,7 +578,7 @@ async fn node_runs_hf_weights_on_the_cpu_backend() -> anyhow::Result<()> {
         "the node must say which backend runs"
     );
     let answer = ok("cpu backend", &rep["text"]);
-    let mut a = Assistant::open(&ModelSource::Hf(hf), &OpenOptions::default())?;
+    let mut a = open_assistant(&ModelSource::Hf(hf), &OpenOptions::default())?;
     let direct = a.ask(None, &Turn::new(PROMPT, MAX_NEW), &mut |_| {})?;
     assert_eq!(answer, direct.completion.text);
     Ok(())

@@ -74,7 +74,7 @@ cross_check() {
     AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
     BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu -I/usr/aarch64-linux-gnu/include" \
     cargo check --target aarch64-unknown-linux-gnu \
-    -p hbdnn-sys -p hbdnn -p bpu-sim -p qwen35 -p vlm -p camera-frame
+    -p hbdnn-sys -p hbdnn -p bpu-sim -p qwen35 -p vlm -p vlm-bpu -p vlm-cli -p camera-frame
 }
 
 ensure_rust_components() {

@@ -1,7 +1,8 @@
 //! The conversation layer shared by `vlm chat` and the ROS node: one model (a BLLM package on
 //! the BPU or simulator, or an HF checkpoint on the CPU) answering chat turns.
 //!
-//! It owns what both front ends would otherwise repeat: opening the model and its tokenizer,
+//! It owns what both front ends would otherwise repeat: the backend (opened by
+//! `vlm_bpu::open_assistant`, or [`Assistant::open_hf`] for the CPU) with its tokenizer,
 //! the chat template, the system prefix prefilled once and restored per fresh conversation,
 //! parked conversations as decode-state snapshots, and the mapping of a turn's settings onto
 //! the sampler and the stream. It must not know about ROS, threads or async: the caller owns
@@ -16,60 +17,18 @@ use std::time::Instant;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use crate::bpu::{BpuBackend, BpuError, BpuOptions};
 use crate::chat::{ChatError, ChatTemplate, ImageSlot, Pos3, SystemOptions, UserTurn};
 use crate::engine::{
-    Backend, BackendInfo, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError, ImageInput,
+    Backend, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError, ImageInput,
     StateBlob,
 };
 use crate::package::{ChatConfig, ChatFormat, Dialect};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stream::{Completion, Event, FinishReason, StreamConfig};
-use crate::vision::PixelValues;
-
-/// Where the model comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ModelSource {
-    /// A BLLM package folder (`model.json`); board libraries or the simulator per its files.
-    Package(PathBuf),
-    /// An HF Qwen3.5 checkpoint folder, run by `qwen35` on the CPU.
-    Hf(PathBuf),
-}
-
-impl ModelSource {
-    pub fn dir(&self) -> &Path {
-        match self {
-            Self::Package(d) | Self::Hf(d) => d,
-        }
-    }
-}
-
-/// How to open a model.
-#[derive(Debug, Clone)]
-pub struct OpenOptions {
-    /// `false`: text only; a package's `visual.hbm` is never opened.
-    pub vision: bool,
-    /// BPU settings (packages); `no_vision` is taken from [`OpenOptions::vision`].
-    pub bpu: BpuOptions,
-    /// CPU settings (HF checkpoints).
-    pub cpu: CpuOptions,
-}
-
-impl Default for OpenOptions {
-    fn default() -> Self {
-        Self {
-            vision: true,
-            bpu: BpuOptions::default(),
-            cpu: CpuOptions::default(),
-        }
-    }
-}
 
 /// Errors of opening a model or answering a turn.
 #[derive(Debug, thiserror::Error)]
 pub enum AssistantError {
-    #[error(transparent)]
-    Bpu(#[from] BpuError),
     #[error(transparent)]
     Engine(#[from] EngineError),
     #[error("chat template: {0}")]
@@ -88,69 +47,57 @@ impl AssistantError {
     }
 }
 
-/// Either backend behind one type, so the engine, sampler and stream are shared.
-pub enum AnyBackend {
-    Bpu(Box<BpuBackend>),
-    Cpu(Box<CpuBackend>),
+/// Any backend behind one type, so the engine, sampler and stream are shared.
+pub type AnyBackend = Box<dyn Backend>;
+
+/// Which compute answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    /// A package on the board's BPU libraries.
+    Bpu,
+    /// A package on the BPU simulator.
+    BpuSim,
+    /// An HF checkpoint on the CPU.
+    Cpu,
 }
 
-macro_rules! each {
-    ($self:ident, $b:ident => $e:expr) => {
-        match $self {
-            AnyBackend::Bpu($b) => $e,
-            AnyBackend::Cpu($b) => $e,
+impl BackendKind {
+    /// The name in logs, diagnostics and `vlm chat`'s banner.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Bpu => "bpu",
+            Self::BpuSim => "bpu-sim",
+            Self::Cpu => "cpu",
         }
-    };
+    }
 }
 
-impl Backend for AnyBackend {
-    fn info(&self) -> &BackendInfo {
-        each!(self, b => b.info())
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
-    fn embed(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
-        each!(self, b => b.embed(ids, out))
-    }
-    fn encode_image(&mut self, pixels: &PixelValues) -> Result<Vec<f32>, EngineError> {
-        each!(self, b => b.encode_image(pixels))
-    }
-    fn run_rows(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<(), EngineError> {
-        each!(self, b => b.run_rows(rows, positions))
-    }
-    fn consumed(&self) -> usize {
-        each!(self, b => b.consumed())
-    }
-    fn max_pos(&self) -> Option<u32> {
-        each!(self, b => b.max_pos())
-    }
-    fn last_logits(&self) -> Option<&[f32]> {
-        each!(self, b => b.last_logits())
-    }
-    fn reset(&mut self) -> Result<(), EngineError> {
-        each!(self, b => b.reset())
-    }
-    fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
-        each!(self, b => b.snapshot())
-    }
-    fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
-        each!(self, b => b.restore(blob))
-    }
-    // A backend may schedule its own rows (the BPU's padded tail), so delegate this too.
-    fn step_interruptible(
-        &mut self,
-        rows: &[f32],
-        positions: &[Pos3],
-        interrupt: &mut dyn FnMut() -> bool,
-    ) -> Result<bool, EngineError> {
-        each!(self, b => b.step_interruptible(rows, positions, interrupt))
-    }
+}
+
+/// What an opened backend brings besides compute: the files and settings around the graphs.
+#[derive(Debug, Clone)]
+pub struct ModelParts {
+    pub name: String,
+    pub kind: BackendKind,
+    /// The package or checkpoint folder.
+    pub dir: PathBuf,
+    pub tokenizer: Arc<Tokenizer>,
+    pub chat: ChatConfig,
+    pub dialect: Dialect,
+    pub eos: Vec<u32>,
+    /// `false`: never offer the tower, even where the backend has one.
+    pub vision: bool,
 }
 
 /// What was opened, for logs, diagnostics and `vlm chat`'s banner.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelInfo {
     pub name: String,
-    /// `bpu` (board libraries), `bpu-sim` (the simulator) or `cpu`.
-    pub backend: &'static str,
+    pub backend: BackendKind,
     pub dir: PathBuf,
     pub context: usize,
     pub vocab: usize,
@@ -268,7 +215,7 @@ impl std::fmt::Debug for Assistant {
     }
 }
 
-fn load_tokenizer(path: &Path) -> Result<Arc<Tokenizer>, AssistantError> {
+pub fn load_tokenizer(path: &Path) -> Result<Arc<Tokenizer>, AssistantError> {
     Tokenizer::from_file(path)
         .map(Arc::new)
         .map_err(|e| AssistantError::File {
@@ -321,55 +268,18 @@ fn hf_eos(dir: &Path) -> Result<Vec<u32>, AssistantError> {
 }
 
 impl Assistant {
-    /// Opens a model. For simulator packages the calling thread's simulator runs the graphs.
-    pub fn open(source: &ModelSource, opts: &OpenOptions) -> Result<Self, AssistantError> {
-        let (backend, tokenizer, chat, dialect, eos, name, kind) = match source {
-            ModelSource::Package(dir) => {
-                let mut bpu = opts.bpu.clone();
-                bpu.no_vision = !opts.vision;
-                let b = BpuBackend::open(dir, &bpu)?;
-                let cfg = b.config().clone();
-                let kind = match b.implementation() {
-                    bpu_sim::Implementation::Sim => "bpu-sim",
-                    bpu_sim::Implementation::Board => "bpu",
-                };
-                let tokenizer = load_tokenizer(&cfg.tokenizer)?;
-                let name = cfg.name.clone();
-                (
-                    AnyBackend::Bpu(Box::new(b)),
-                    tokenizer,
-                    cfg.chat,
-                    cfg.dialect,
-                    cfg.eos,
-                    name,
-                    kind,
-                )
-            }
-            ModelSource::Hf(dir) => {
-                let b = CpuBackend::load(dir, opts.cpu)?;
-                let tokenizer = load_tokenizer(&dir.join("tokenizer.json"))?;
-                let chat = ChatConfig {
-                    format: ChatFormat::ChatMl,
-                    im_start: None,
-                    im_end: None,
-                    bos: None,
-                    system: String::new(),
-                };
-                let name = dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| dir.display().to_string());
-                (
-                    AnyBackend::Cpu(Box::new(b)),
-                    tokenizer,
-                    chat,
-                    Dialect::Qwen35,
-                    hf_eos(dir)?,
-                    name,
-                    "cpu",
-                )
-            }
-        };
+    /// An assistant over an opened backend (`vlm_bpu::open_assistant` opens either kind).
+    pub fn new(backend: AnyBackend, parts: ModelParts) -> Result<Self, AssistantError> {
+        let ModelParts {
+            name,
+            kind,
+            dir,
+            tokenizer,
+            chat,
+            dialect,
+            eos,
+            vision,
+        } = parts;
         if eos.is_empty() {
             tracing::warn!(model = %name, "the model declares no eos id: answers end only at max_new_tokens, a stop string or the window end");
         }
@@ -378,17 +288,17 @@ impl Assistant {
         let info = ModelInfo {
             name,
             backend: kind,
-            dir: source.dir().to_owned(),
+            dir,
             context: bi.context,
             vocab: bi.vocab,
             hidden: bi.hidden,
             // `vision: false` on the CPU keeps the tower loaded but never offers it.
-            image_side: bi.vision.filter(|_| opts.vision).map(|v| v.geometry.side),
+            image_side: bi.vision.filter(|_| vision).map(|v| v.geometry.side),
             system: chat.system.clone(),
         };
         tracing::info!(
             model = %info.name,
-            backend = info.backend,
+            backend = %info.backend,
             context = info.context,
             vision = ?info.image_side,
             "model opened"
@@ -401,6 +311,31 @@ impl Assistant {
             prefix: None,
             resident: Resident::Unknown,
         })
+    }
+
+    /// An HF Qwen3.5 checkpoint on the CPU.
+    pub fn open_hf(dir: &Path, opts: CpuOptions, vision: bool) -> Result<Self, AssistantError> {
+        let backend = CpuBackend::load(dir, opts)?;
+        let parts = ModelParts {
+            name: dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| dir.display().to_string()),
+            kind: BackendKind::Cpu,
+            dir: dir.to_owned(),
+            tokenizer: load_tokenizer(&dir.join("tokenizer.json"))?,
+            chat: ChatConfig {
+                format: ChatFormat::ChatMl,
+                im_start: None,
+                im_end: None,
+                bos: None,
+                system: String::new(),
+            },
+            dialect: Dialect::Qwen35,
+            eos: hf_eos(dir)?,
+            vision,
+        };
+        Self::new(Box::new(backend), parts)
     }
 
     pub fn info(&self) -> &ModelInfo {
@@ -419,11 +354,6 @@ impl Assistant {
     pub fn engine_mut(&mut self) -> &mut Engine<AnyBackend> {
         self.resident = Resident::Unknown;
         &mut self.engine
-    }
-
-    /// Bytes held by the cached system prefix snapshot.
-    pub fn prefix_bytes(&self) -> usize {
-        self.prefix.as_ref().map_or(0, |(_, b)| b.size_bytes())
     }
 
     /// Runs every graph once (system prefix prefill, one decode step, the tower when there

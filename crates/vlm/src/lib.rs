@@ -1,19 +1,20 @@
-//! vlm — the backend-independent runtime pieces of bpu_vlm.
+//! vlm — the runtime of bpu_vlm, independent of where the model runs.
 //!
 //! What lives here: the BLLM package manifest (`model.json`) and its file checks
 //! ([`package`]), Pillow-exact image resizing and the vision tower's input layout
 //! ([`vision`]), ChatML turn building with image slots, tools and M-RoPE positions
-//! ([`chat`]), the token sampler ([`sampler`]) and the streaming detokeniser with stop
-//! handling and the `<think>` split ([`stream`]). The engine feeds rows and logits; these
-//! modules decide what the rows are and what the tokens mean.
+//! ([`chat`]), the token sampler ([`sampler`]), the streaming detokeniser with stop
+//! handling and the `<think>` split ([`stream`]), the scheduler that feeds rows through a
+//! [`engine::Backend`] (with the CPU backend over `qwen35`) ([`engine`]), and conversations
+//! with their cached system prefix and parked states ([`assistant`]).
 //!
-//! These modules must not use the backends (`hbdnn`, `bpu-sim`, `qwen35` — the engine and
-//! the `vlm` binary do), ROS (`r2r`) or any async runtime: plain data in, plain data out,
-//! so the node, the CLI and both backends share them.
+//! `qwen35` is used for its shared arithmetic (patchify, M-RoPE positions) and by the CPU
+//! backend. Must not depend on the BPU (`hbdnn`, `bpu-sim`: the BPU backend is the
+//! `vlm-bpu` crate), on ROS (`r2r`), on an async runtime, or on a CLI's crates (`clap`,
+//! `anyhow`, `tracing-subscriber`): the node and the `vlm` binary share it.
 #![forbid(unsafe_code)]
 
 pub mod assistant;
-pub mod bpu;
 pub mod chat;
 pub mod engine;
 pub mod package;

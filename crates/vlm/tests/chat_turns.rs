@@ -2,7 +2,7 @@
 //! the way HF tokenises `apply_chat_template` output.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use vlm::chat::{ChatTemplate, ImageSlot, Segment, SystemOptions, UserTurn};
 use vlm::package::{ChatConfig, ChatFormat, Dialect};

@@ -1,7 +1,7 @@
 //! The streaming state machine fed token by token with the fixture tokenizer.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

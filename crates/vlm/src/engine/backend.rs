@@ -121,10 +121,62 @@ pub trait Backend {
     }
 }
 
+// A boxed backend is a backend, so the assistant holds either kind behind one type; every
+// method forwards, the provided ones too (the BPU schedules its own padded tail).
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn info(&self) -> &BackendInfo {
+        (**self).info()
+    }
+    fn embed(&self, ids: &[u32], out: &mut Vec<f32>) -> Result<(), EngineError> {
+        (**self).embed(ids, out)
+    }
+    fn encode_image(&mut self, pixels: &PixelValues) -> Result<Vec<f32>, EngineError> {
+        (**self).encode_image(pixels)
+    }
+    fn run_rows(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<(), EngineError> {
+        (**self).run_rows(rows, positions)
+    }
+    fn consumed(&self) -> usize {
+        (**self).consumed()
+    }
+    fn max_pos(&self) -> Option<u32> {
+        (**self).max_pos()
+    }
+    fn last_logits(&self) -> Option<&[f32]> {
+        (**self).last_logits()
+    }
+    fn reset(&mut self) -> Result<(), EngineError> {
+        (**self).reset()
+    }
+    fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
+        (**self).snapshot()
+    }
+    fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
+        (**self).restore(blob)
+    }
+    fn context_left(&self) -> usize {
+        (**self).context_left()
+    }
+    fn next_position(&self) -> u32 {
+        (**self).next_position()
+    }
+    fn step(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<&[f32], EngineError> {
+        (**self).step(rows, positions)
+    }
+    fn step_interruptible(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        (**self).step_interruptible(rows, positions, interrupt)
+    }
+}
+
 /// Checks a block of rows for [`Backend::step_interruptible`] (every implementation): `rows`
 /// is `[n, hidden]` for the `n` positions, `n >= 1`, and the rows fit the `left` context rows.
 /// Returns `n`.
-pub(crate) fn check_rows(
+pub fn check_rows(
     hidden: usize,
     rows: &[f32],
     positions: &[Pos3],

@@ -40,11 +40,13 @@ pub enum EngineError {
     #[error("CPU model: {0}")]
     Cpu(#[from] qwen35::Error),
     /// A BPU call (board runtime or simulator) failed; `what` names the step of the request.
+    /// `timeout`: the task did not finish in time (the device may still be running it).
     #[error("BPU {what} failed: {source}")]
     Bpu {
         what: String,
+        timeout: bool,
         #[source]
-        source: hbdnn::Error,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("image preprocessing: {0}")]
     Vision(#[from] VisionError),

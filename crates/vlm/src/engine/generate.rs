@@ -114,10 +114,6 @@ impl<B: Backend> Engine<B> {
         &self.tokenizer
     }
 
-    pub fn into_backend(self) -> B {
-        self.backend
-    }
-
     /// Embedding rows and positions of a turn, images encoded and spliced; positions start
     /// at the backend's next text position. Fails with `ContextOverflow` before running the
     /// tower when the turn cannot fit.

@@ -7,7 +7,8 @@
 //! follow the prompt's M-RoPE layout from the backend's `maxPos + 1`, and a turn that does
 //! not fit the window fails with [`EngineError::ContextOverflow`] before anything runs.
 //!
-//! This module (its `cpu` part) is the only place in `vlm` that depends on `qwen35`.
+//! The CPU backend runs `qwen35`'s math; the BPU backend lives in `vlm-bpu` and implements
+//! the same [`Backend`] seam.
 #![forbid(unsafe_code)]
 
 mod backend;
@@ -16,7 +17,7 @@ mod error;
 mod generate;
 mod state;
 
-pub(crate) use backend::check_rows;
+pub use backend::check_rows;
 pub use backend::{Backend, BackendInfo, VisionSpec};
 pub use cpu::{CpuBackend, CpuOptions, DEFAULT_CONTEXT, DEFAULT_IMAGE_SIDE, DEFAULT_PREFILL_CHUNK};
 pub use error::EngineError;

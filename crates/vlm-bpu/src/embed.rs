@@ -5,7 +5,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::engine::EngineError;
+use vlm::engine::EngineError;
 
 use super::BpuError;
 

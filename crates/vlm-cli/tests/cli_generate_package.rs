@@ -5,7 +5,7 @@
 //! longer than one prefill chunk. Also the engine lock across processes and the pool preflight.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -210,7 +210,7 @@ fn a_second_engine_in_another_process_fails_fast() {
     let d = tempfile::tempdir().unwrap();
     sim_package("tiny-sym", d.path(), |_| {});
     let lock: PathBuf = d.path().join("engine.lock");
-    let held = vlm::bpu::EngineLock::acquire(&lock).unwrap();
+    let held = vlm_bpu::EngineLock::acquire(&lock).unwrap();
     let c = golden_case("tiny-sym", "text_short");
     let env = [("VLM_BPU_LOCK", lock.to_str().unwrap())];
     let t = std::time::Instant::now();

@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use bpu_sim::Implementation;
 use clap::Args;
 use serde_json::json;
-use vlm::bpu::{BpuBackend, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::chat::{ChatTemplate, ImageSlot, SystemOptions, UserTurn};
 use vlm::engine::{Backend, DecodeOptions, Engine, ImageInput};
 use vlm::sampler::{Sampler, SamplingParams};

@@ -3,13 +3,13 @@
 //! the middle of an `Engine::generate` request.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::path::Path;
 
 use bpu_sim::{FaultAction, FaultRule, Sim, SimConfig};
 use common::{argmax, golden_case, max_abs_diff, sim_package, tokenizer};
-use vlm::bpu::{BpuBackend, BpuError, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuError, BpuOptions};
 use vlm::chat::Pos3;
 use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, EngineError};
 use vlm::sampler::{Sampler, SamplingParams};

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use bpu_sim::Implementation;
 use hbdnn::{DType, Graph, PackedModel, Runtime, TensorSpec};
 
-use crate::package::{LoadOptions, ModelConfig};
+use vlm::package::{LoadOptions, ModelConfig};
 
 use super::{contract, lock, pool, BpuError, BpuOptions, EmbedTable, EngineLock};
 
@@ -86,7 +86,7 @@ fn split(e: &BpuError, fallback: &Path) -> (PathBuf, String) {
 /// Checks the package in `dir` (vision included unless `opts.no_vision`).
 pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
     let mut r = CheckReport::default();
-    let manifest = dir.join(crate::package::MANIFEST);
+    let manifest = dir.join(vlm::package::MANIFEST);
     let cfg = match ModelConfig::load(
         dir,
         LoadOptions {
@@ -320,7 +320,7 @@ fn check_tower(
         );
     }
     let v = &cfg.vision;
-    if let Err(e) = crate::vision::Geometry::from_tower_input(
+    if let Err(e) = vlm::vision::Geometry::from_tower_input(
         i[0].shape[0],
         i[0].shape[1],
         v.patch as usize,

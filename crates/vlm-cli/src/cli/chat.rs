@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
-use vlm::assistant::{Assistant, Conversation, ModelSource, OpenOptions, Reply, Turn};
+use vlm::assistant::{Assistant, Conversation, Reply, Turn};
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::engine::ImageInput;
 use vlm::sampler::SamplingParams;
 use vlm::stream::Event;
@@ -183,7 +184,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| load_image(p))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let mut assistant = Assistant::open(&source, &opts)
+    let mut assistant = open_assistant(&source, &opts)
         .with_context(|| format!("opening {}", source.dir().display()))?;
     let mut conversation: Option<Conversation> = None;
     let stdout = std::io::stdout();

@@ -7,13 +7,13 @@ use std::path::{Path, PathBuf};
 
 use bpu_sim::package::{PackageOptions, PrefillIn};
 use bpu_sim::{FaultAction, FaultRule, LogitsType, Sim, SimConfig};
-use vlm::bpu::{BpuBackend, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::chat::Pos3;
 use vlm::engine::{
     prompt_from_ids, Backend, CpuBackend, CpuOptions, Engine, EngineError, ImageInput,
 };
 
-mod common;
+use vlm_testkit as common;
 
 use common::{argmax, golden_case, max_abs_diff as max_diff, tokenizer, GoldenCase as Case};
 
@@ -289,7 +289,7 @@ fn a_simulator_fault_fails_the_request_and_the_next_succeeds() {
             Ok(_) => {}
             Err(e) => {
                 assert!(
-                    matches!(&e, EngineError::Bpu { source, .. } if source.is_timeout()),
+                    matches!(&e, EngineError::Bpu { timeout: true, .. }),
                     "{e}"
                 );
                 failed = true;

@@ -1,5 +1,9 @@
-//! Shared helpers of the vlm integration tests.
-#![allow(clippy::unwrap_used, dead_code)]
+//! Test-only helpers shared by the integration tests of `vlm`, `vlm-bpu` and `vlm-cli`: the
+//! committed fixtures (tiny random Qwen3.5 models, their HF goldens, the fixture tokenizer)
+//! and sim packages built from them. A dev-dependency only; it panics on a broken fixture,
+//! which is a test failure, never a user's input.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used)]
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::{ArgGroup, Args};
 use qwen35::{patchify_rgb8, PreparedImage, Qwen35Model};
 use serde::Serialize;
-use vlm::bpu::{BpuBackend, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, ImageInput};
 use vlm::sampler::{Sampler, SamplingParams};
 use vlm::stream::StreamConfig;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bpu_sim::{Sim, SimConfig};
-use vlm::bpu::{BpuBackend, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::engine::Backend;
 
 fn fixture(name: &str) -> PathBuf {

@@ -2,7 +2,7 @@
 //! exits non-zero and names the file and the reason.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::path::Path;
 use std::process::{Command, Output};

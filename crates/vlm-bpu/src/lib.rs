@@ -11,6 +11,9 @@
 //! asks for [`BpuOptions::pad_tail`] (contract §4.4, unconfirmed on a board). [`check`] lists
 //! every contract violation of a package for `vlm check`.
 //!
+//! [`source`] chooses the backend for a model source (packages here, HF checkpoints on
+//! `vlm`'s CPU backend); [`sim`] is what front ends may use of the simulator.
+//!
 //! Must not depend on the CPU model's weights (`qwen35` is used only for its rope tables and
 //! window mask), ROS or an async runtime. Handles are `Rc`-based: one thread owns a backend.
 #![forbid(unsafe_code)]
@@ -19,23 +22,26 @@ pub mod check;
 pub mod contract;
 mod embed;
 pub mod lock;
+pub mod source;
 pub mod pool;
+pub mod sim;
 
 use std::path::{Path, PathBuf};
 
 use bpu_sim::{DetectError, Implementation};
 use hbdnn::{DType, DeviceBuffer, Graph, PackedModel, Runtime, Sched, TensorSpec};
 
-use crate::chat::Pos3;
-use crate::engine::{
+use vlm::chat::Pos3;
+use vlm::engine::{
     check_rows, Backend, BackendInfo, CacheLayout, EngineError, StateBlob, StateShape, VisionSpec,
 };
-use crate::package::{LoadOptions, ModelConfig, PackageError};
-use crate::vision::{Geometry, PixelValues};
+use vlm::package::{LoadOptions, ModelConfig, PackageError};
+use vlm::vision::{Geometry, PixelValues};
 
 use contract::{DecodeShape, FIXED_IN};
 pub use embed::EmbedTable;
 pub use lock::EngineLock;
+pub use source::{open_assistant, ModelSource, OpenError, OpenOptions};
 
 /// Failures opening a package on the BPU; each names the file and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +196,8 @@ pub struct BpuBackend {
 fn device(what: &str, e: hbdnn::Error) -> EngineError {
     EngineError::Bpu {
         what: what.to_owned(),
-        source: e,
+        timeout: e.is_timeout(),
+        source: Box::new(e),
     }
 }
 

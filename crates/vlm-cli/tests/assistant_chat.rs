@@ -5,13 +5,14 @@
 //! computes (one-shot and REPL).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
 
 use serde_json::Value;
-use vlm::assistant::{Assistant, ModelSource, OpenOptions, Turn};
+use vlm::assistant::Turn;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::chat::{Segment, SystemOptions, UserTurn};
 use vlm::engine::{CpuOptions, ImageInput};
 use vlm::stream::FinishReason;
@@ -54,7 +55,7 @@ fn flat(p: &vlm::chat::Prompt) -> Vec<u32> {
 #[test]
 fn system_prefix_plus_turn_equals_the_full_first_turn() {
     let (_d, pkg) = package();
-    let a = Assistant::open(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
+    let a = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
     let t = a.template();
     for (system, tools) in [
         (None, vec![]),
@@ -83,8 +84,8 @@ fn system_prefix_plus_turn_equals_the_full_first_turn() {
 #[test]
 fn bpu_sim_and_cpu_backends_answer_alike_and_sessions_continue() {
     let (_d, pkg) = package();
-    let mut bpu = Assistant::open(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
-    assert_eq!(bpu.info().backend, "bpu-sim");
+    let mut bpu = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
+    assert_eq!(bpu.info().backend.as_str(), "bpu-sim");
     let cpu_opts = OpenOptions {
         cpu: CpuOptions {
             context: Some(512),
@@ -93,8 +94,8 @@ fn bpu_sim_and_cpu_backends_answer_alike_and_sessions_continue() {
         ..OpenOptions::default()
     };
     let mut cpu =
-        Assistant::open(&ModelSource::Hf(common::model_dir("tiny-4b")), &cpu_opts).unwrap();
-    assert_eq!(cpu.info().backend, "cpu");
+        open_assistant(&ModelSource::Hf(common::model_dir("tiny-4b")), &cpu_opts).unwrap();
+    assert_eq!(cpu.info().backend.as_str(), "cpu");
 
     let mut system = turn("Describe the scene.", vec![image("scene_a.png")]);
     // The package's system prompt, so both render the same system block.
@@ -168,7 +169,7 @@ fn bpu_sim_and_cpu_backends_answer_alike_and_sessions_continue() {
 fn bad_turns_fail_with_a_reason_and_the_assistant_stays_usable() {
     let (_d, pkg) = package();
     let mut a =
-        Assistant::open(&ModelSource::Package(pkg.clone()), &OpenOptions::default()).unwrap();
+        open_assistant(&ModelSource::Package(pkg.clone()), &OpenOptions::default()).unwrap();
     let e = a.ask(None, &turn("  ", vec![]), &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("empty"), "{e}");
     let mut long = turn(&"word ".repeat(2000), vec![]);
@@ -187,7 +188,7 @@ fn bad_turns_fail_with_a_reason_and_the_assistant_stays_usable() {
         FinishReason::Stop | FinishReason::Length
     ));
     // Text only: images are refused, the tower is never opened.
-    let mut text_only = Assistant::open(
+    let mut text_only = open_assistant(
         &ModelSource::Package(pkg),
         &OpenOptions {
             vision: false,
@@ -210,7 +211,7 @@ fn vlm() -> Command {
 fn vlm_chat_prints_what_the_assistant_computes() {
     let (_d, pkg) = package();
     let mut a =
-        Assistant::open(&ModelSource::Package(pkg.clone()), &OpenOptions::default()).unwrap();
+        open_assistant(&ModelSource::Package(pkg.clone()), &OpenOptions::default()).unwrap();
     let mut t = turn("What is in the picture?", vec![image("scene_a.png")]);
     let direct = a.ask(None, &t, &mut |_| {}).unwrap();
 

@@ -2,7 +2,7 @@
 //! of every step), plus the slot/image mismatch exit.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+use vlm_testkit as common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use anyhow::bail;
 use clap::Args;
 use hbdnn::TensorSpec;
-use vlm::bpu::check::check_package;
-use vlm::bpu::BpuOptions;
+use vlm_bpu::check::check_package;
+use vlm_bpu::BpuOptions;
 
 #[derive(Debug, Args)]
 pub struct CheckArgs {
