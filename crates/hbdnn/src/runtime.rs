@@ -1,0 +1,177 @@
+//! The function table and the calls that need no model: versions, status descriptions,
+//! loading a packed model, plain device allocations.
+
+use std::ffi::{c_char, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use hbdnn_sys as sys;
+
+use crate::{DeviceBuffer, Error, FnTable, PackedModel, Result, Status, TableSource};
+
+/// Calls an entry of the validated table.
+macro_rules! ffi {
+    ($rt:expr, $f:ident) => {
+        $rt.table
+            .raw()
+            .$f
+            .expect("FnTable checks every entry at construction")
+    };
+}
+// Textual macro scope would tie every user to module order in `lib.rs`; a path import does not.
+pub(crate) use ffi;
+
+/// Shared by every handle made from one [`Runtime`], so the table outlives them all.
+pub(crate) struct RtInner {
+    pub(crate) table: FnTable,
+}
+
+impl RtInner {
+    /// The one conversion point from a C status to a `Result`.
+    pub(crate) fn check(&self, call: &'static str, code: i32) -> Result<()> {
+        if code == sys::HB_UCP_SUCCESS {
+            return Ok(());
+        }
+        let status = Status::from_code(code);
+        let description = self.describe(code);
+        tracing::debug!(call, code, %description, "hbDNN/hbUCP call failed");
+        Err(Error::Call {
+            call,
+            status,
+            description,
+        })
+    }
+
+    pub(crate) fn describe(&self, code: i32) -> String {
+        // SAFETY: hbUCPGetErrorDesc takes any integer and returns a static string or null.
+        let p = unsafe { ffi!(self, hbUCPGetErrorDesc)(code) };
+        // SAFETY: a non-null result is a NUL-terminated string owned by the library.
+        unsafe { c_string(p) }.unwrap_or_else(|| format!("no description for status {code}"))
+    }
+}
+
+/// Copies a C string; `None` for null.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string valid for the duration of the call.
+pub(crate) unsafe fn c_string(p: *const c_char) -> Option<String> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: guaranteed by the caller.
+    Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
+/// Runtime version strings, logged once at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Versions {
+    pub dnn: String,
+    pub ucp: String,
+    pub soc: String,
+}
+
+/// The entry point: a function table plus the calls that need no model.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Rc<RtInner>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("source", self.inner.table.source())
+            .finish()
+    }
+}
+
+impl Runtime {
+    /// Wraps a table and logs the runtime versions.
+    pub fn new(table: FnTable) -> Self {
+        let rt = Self {
+            inner: Rc::new(RtInner { table }),
+        };
+        let v = rt.versions();
+        tracing::info!(
+            source = %rt.inner.table.source(),
+            dnn = %v.dnn, ucp = %v.ucp, soc = %v.soc,
+            "hbDNN runtime ready"
+        );
+        rt
+    }
+
+    /// Loads the board libraries (`libdnn.so`, `libhbucp.so`) from `lib_dir` or the default.
+    pub fn board(lib_dir: Option<&Path>) -> Result<Self> {
+        Ok(Self::new(FnTable::load_board(lib_dir)?))
+    }
+
+    /// Where the table comes from.
+    pub fn source(&self) -> &TableSource {
+        self.inner.table.source()
+    }
+
+    /// hbDNN, hbUCP and SoC version strings.
+    pub fn versions(&self) -> Versions {
+        let rt = &self.inner;
+        // SAFETY: the version getters take no arguments and return static strings or null.
+        let (dnn, ucp, soc) = unsafe {
+            (
+                c_string(ffi!(rt, hbDNNGetVersion)()),
+                c_string(ffi!(rt, hbUCPGetVersion)()),
+                c_string(ffi!(rt, hbUCPGetSocName)()),
+            )
+        };
+        let unknown = || "unknown".to_owned();
+        Versions {
+            dnn: dnn.unwrap_or_else(unknown),
+            ucp: ucp.unwrap_or_else(unknown),
+            soc: soc.unwrap_or_else(unknown),
+        }
+    }
+
+    /// The runtime's description of a status code.
+    pub fn describe(&self, code: i32) -> String {
+        self.inner.describe(code)
+    }
+
+    /// Loads `.hbm` files into one packed handle and lists its graphs.
+    pub fn load<P: AsRef<Path>>(&self, files: &[P]) -> Result<PackedModel> {
+        let files: Vec<PathBuf> = files.iter().map(|p| p.as_ref().to_path_buf()).collect();
+        let wrap = |e: Error| Error::Load {
+            files: files.clone(),
+            source: Box::new(e),
+        };
+        let c_files = files
+            .iter()
+            .map(|p| {
+                p.to_str()
+                    .and_then(|s| CString::new(s).ok())
+                    .ok_or_else(|| Error::BadCString {
+                        what: "model path",
+                        value: p.display().to_string(),
+                    })
+            })
+            .collect::<Result<Vec<_>>>()
+            .map_err(wrap)?;
+        let mut ptrs: Vec<*const c_char> = c_files.iter().map(|c| c.as_ptr()).collect();
+        let count = i32::try_from(ptrs.len()).map_err(|_| {
+            wrap(Error::BadCString {
+                what: "file count",
+                value: ptrs.len().to_string(),
+            })
+        })?;
+        let rt = &self.inner;
+        let mut handle: sys::hbDNNPackedHandle_t = std::ptr::null_mut();
+        // SAFETY: `handle` is a valid out-pointer; `ptrs` holds `count` NUL-terminated paths
+        // that outlive the call.
+        let code =
+            unsafe { ffi!(rt, hbDNNInitializeFromFiles)(&mut handle, ptrs.as_mut_ptr(), count) };
+        rt.check("hbDNNInitializeFromFiles", code).map_err(wrap)?;
+        // From here on the handle is owned, so an error below releases it.
+        PackedModel::from_handle(self.inner.clone(), handle, files.clone()).map_err(wrap)
+    }
+
+    /// A cached device allocation of `size` bytes, zero-filled and cleaned.
+    pub fn alloc(&self, size: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::alloc(self.inner.clone(), size, None)
+    }
+}
