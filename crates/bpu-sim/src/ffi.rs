@@ -105,7 +105,10 @@ fn boundary(
                 Some(FaultAction::Timeout) if call != "hbUCPWaitTaskDone" => {
                     Outcome::Done(sys::HB_UCP_TASK_TIMEOUT)
                 }
-                Some(FaultAction::Slow(d)) if call != "hbUCPSubmitTask" => {
+                // Submit and wait make a task slow themselves, so that a wait limit applies.
+                Some(FaultAction::Slow(d))
+                    if call != "hbUCPSubmitTask" && call != "hbUCPWaitTaskDone" =>
+                {
                     match body(&mut st, None) {
                         Outcome::Done(c) => Outcome::SleepThen(d, c),
                         Outcome::SleepThen(e, c) => Outcome::SleepThen(d + e, c),
@@ -527,7 +530,10 @@ pub unsafe extern "C" fn hbUCPWaitTaskDone(task: hbUCPTaskHandle_t, timeout_ms: 
         let TaskState::Submitted { done_at, status } = t.state else {
             return sys::HB_UCP_API_USE_ERROR.into();
         };
-        let remaining = done_at.saturating_duration_since(Instant::now());
+        let mut remaining = done_at.saturating_duration_since(Instant::now());
+        if let Some(FaultAction::Slow(extra)) = fault {
+            remaining += extra;
+        }
         let limit = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms as u64));
         if matches!(fault, Some(FaultAction::Timeout)) {
             return Outcome::SleepThen(limit.unwrap_or(Duration::ZERO), sys::HB_UCP_TASK_TIMEOUT);

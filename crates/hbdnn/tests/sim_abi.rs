@@ -334,7 +334,15 @@ fn every_fault_surfaces_typed_and_leaves_the_wrapper_usable() {
         timed,
         Status::Timeout,
     );
-    assert!(f.sim.stats().faults_injected >= 7);
+    // A wait made slow honours the same limit (a hung task must not hang the caller).
+    check_fault(
+        &f,
+        "hbUCPWaitTaskDone",
+        FaultAction::Slow(Duration::from_millis(300)),
+        timed,
+        Status::Timeout,
+    );
+    assert!(f.sim.stats().faults_injected >= 8);
 }
 
 #[test]
