@@ -28,8 +28,17 @@ impl std::fmt::Debug for DeviceBuffer {
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
+        if self.rt.is_wedged() {
+            // A timed-out task may still write it (see `Graph::run`).
+            tracing::debug!(
+                size = self.size,
+                "device buffer left allocated (runtime wedged)"
+            );
+            return;
+        }
         // SAFETY: `mem` came from hbUCPMallocCached and is freed exactly once; no task uses it
-        // (tasks never outlive `Graph::run`, which borrows the buffer).
+        // (a task either ends inside `Graph::run`, which borrows the buffer, or timed out and
+        // wedged the runtime, which skips this free).
         let code = unsafe { ffi!(self.rt, hbUCPFree)(&mut self.mem) };
         if let Err(e) = self.rt.check("hbUCPFree", code) {
             tracing::warn!(error = %e, size = self.size, "freeing a device buffer failed");

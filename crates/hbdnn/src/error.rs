@@ -143,6 +143,10 @@ pub enum Error {
         name: String,
         available: Vec<String>,
     },
+    /// A task of this runtime timed out earlier: the BPU may still be running it, so the
+    /// runtime accepts no further runs.
+    #[error("the BPU runtime accepts no more runs: an earlier task timed out and may still be running (restart the process)")]
+    Wedged,
     /// A call returned a null pointer where a value was promised.
     #[error("{call} returned a null pointer")]
     NullPointer { call: &'static str },

@@ -251,6 +251,9 @@ impl Graph {
         sched: &Sched,
     ) -> Result<()> {
         let rt = &*self.packed.rt;
+        if rt.is_wedged() {
+            return Err(Error::Wedged);
+        }
         let in_t = self.bind(Side::Input, &self.inputs, inputs)?;
         let out_refs: Vec<&DeviceBuffer> = outputs.iter().map(|b| &**b).collect();
         let mut out_t = self.bind(Side::Output, &self.outputs, &out_refs)?;
@@ -271,7 +274,21 @@ impl Graph {
         rt.check("hbUCPSubmitTask", code)?;
         // SAFETY: live, submitted task.
         let code = unsafe { ffi!(rt, hbUCPWaitTaskDone)(task.handle, sched.timeout_ms) };
-        rt.check("hbUCPWaitTaskDone", code)?;
+        if let Err(e) = rt.check("hbUCPWaitTaskDone", code) {
+            if e.is_timeout() {
+                // Releasing a task the BPU may still be running, or freeing the buffers it
+                // writes, could corrupt memory that is reused next: leak both on purpose.
+                rt.wedge();
+                std::mem::forget(task);
+                tracing::error!(
+                    graph = %self.name,
+                    timeout_ms = sched.timeout_ms,
+                    "BPU task timed out: the task and every device buffer of this runtime are \
+                     left unreleased until the process exits; no further runs are accepted"
+                );
+            }
+            return Err(e);
+        }
         task.release()
     }
 }

@@ -47,6 +47,11 @@ impl PackedInner {
 impl Drop for PackedInner {
     fn drop(&mut self) {
         let rt = &self.rt;
+        if rt.is_wedged() {
+            // A timed-out task may still run one of its graphs (see `Graph::run`).
+            tracing::debug!(files = ?self.files, "packed model left loaded (runtime wedged)");
+            return;
+        }
         // SAFETY: the handle came from hbDNNInitializeFromFiles and is released once, after
         // every graph and buffer that referenced it (they hold this Rc).
         let code = unsafe { ffi!(rt, hbDNNRelease)(self.handle) };

@@ -1,6 +1,7 @@
 //! The function table and the calls that need no model: versions, status descriptions,
 //! loading a packed model, plain device allocations.
 
+use std::cell::Cell;
 use std::ffi::{c_char, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -24,9 +25,20 @@ pub(crate) use ffi;
 /// Shared by every handle made from one [`Runtime`], so the table outlives them all.
 pub(crate) struct RtInner {
     pub(crate) table: FnTable,
+    /// Set when a task timed out: the BPU may still be running it and writing its buffers,
+    /// so nothing it could touch is released again (buffers, the task, the packed model).
+    wedged: Cell<bool>,
 }
 
 impl RtInner {
+    pub(crate) fn wedge(&self) {
+        self.wedged.set(true);
+    }
+
+    pub(crate) fn is_wedged(&self) -> bool {
+        self.wedged.get()
+    }
+
     /// The one conversion point from a C status to a `Result`.
     pub(crate) fn check(&self, call: &'static str, code: i32) -> Result<()> {
         if code == sys::HB_UCP_SUCCESS {
@@ -88,7 +100,10 @@ impl Runtime {
     /// Wraps a table and logs the runtime versions.
     pub fn new(table: FnTable) -> Self {
         let rt = Self {
-            inner: Rc::new(RtInner { table }),
+            inner: Rc::new(RtInner {
+                table,
+                wedged: Cell::new(false),
+            }),
         };
         let v = rt.versions();
         tracing::info!(
@@ -102,6 +117,12 @@ impl Runtime {
     /// Loads the board libraries (`libdnn.so`, `libhbucp.so`) from `lib_dir` or the default.
     pub fn board(lib_dir: Option<&Path>) -> Result<Self> {
         Ok(Self::new(FnTable::load_board(lib_dir)?))
+    }
+
+    /// True after a task timed out: every further run is refused, and device memory is left
+    /// allocated until the process exits (the BPU may still write it). Restart the process.
+    pub fn is_wedged(&self) -> bool {
+        self.inner.is_wedged()
     }
 
     /// Where the table comes from.

@@ -297,13 +297,6 @@ fn every_fault_surfaces_typed_and_leaves_the_wrapper_usable() {
     check_fault(
         &f,
         "hbUCPWaitTaskDone",
-        FaultAction::Timeout,
-        d,
-        Status::Timeout,
-    );
-    check_fault(
-        &f,
-        "hbUCPWaitTaskDone",
         FaultAction::Status(-200003),
         d,
         Status::RunFailed,
@@ -322,27 +315,52 @@ fn every_fault_surfaces_typed_and_leaves_the_wrapper_usable() {
         d,
         Status::UnknownError,
     );
-    // A slow task against a wait timeout is a real timeout.
+    assert!(f.sim.stats().faults_injected >= 5);
+}
+
+/// A timed-out task may still be running on the BPU: it is never released, no buffer or
+/// model it may touch is freed, and the runtime refuses every further run.
+#[test]
+fn a_timed_out_task_wedges_the_runtime_and_nothing_it_may_touch_is_released() {
     let timed = Sched {
         timeout_ms: 20,
-        ..d
+        ..Sched::default()
     };
-    check_fault(
-        &f,
-        "hbUCPSubmitTask",
-        FaultAction::Slow(Duration::from_millis(300)),
-        timed,
-        Status::Timeout,
-    );
-    // A wait made slow honours the same limit (a hung task must not hang the caller).
-    check_fault(
-        &f,
-        "hbUCPWaitTaskDone",
-        FaultAction::Slow(Duration::from_millis(300)),
-        timed,
-        Status::Timeout,
-    );
-    assert!(f.sim.stats().faults_injected >= 8);
+    let slow = FaultAction::Slow(Duration::from_millis(300));
+    for (call, action, sched) in [
+        ("hbUCPWaitTaskDone", FaultAction::Timeout, Sched::default()),
+        // A slow task against a wait limit is a real timeout, whether the task was made slow
+        // at submit or the wait itself hangs.
+        ("hbUCPSubmitTask", slow.clone(), timed),
+        ("hbUCPWaitTaskDone", slow.clone(), timed),
+    ] {
+        let f = fixture();
+        let (m, g, mut i, mut o) = setup(&f);
+        let held = f.sim.stats();
+        f.sim
+            .add_fault(FaultRule::new(call, action.clone()).times(1));
+        i.write_tensor(&g.inputs()[0], &input_data()).unwrap();
+        i.clean().unwrap();
+        let e = g.run(&[&i], &mut [&mut o], &sched).unwrap_err();
+        assert_eq!(e.status(), Some(Status::Timeout), "{call} {action:?}: {e}");
+        assert!(f.rt.is_wedged(), "{call}");
+        assert_eq!(f.sim.stats().live_tasks, 1, "{call}: the task was released");
+        let runs = f.sim.stats().runs;
+        let again = g.run(&[&i], &mut [&mut o], &Sched::default()).unwrap_err();
+        assert!(matches!(again, Error::Wedged), "{call}: {again}");
+        assert_eq!(
+            f.sim.stats().runs,
+            runs,
+            "{call}: a graph ran after the timeout"
+        );
+        drop((i, o, g, m));
+        let after = f.sim.stats();
+        assert_eq!(
+            (after.live_buffers, after.live_packed, after.live_tasks),
+            (held.live_buffers, held.live_packed, 1),
+            "{call}: something the task may touch was released"
+        );
+    }
 }
 
 #[test]
