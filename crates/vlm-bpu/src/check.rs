@@ -10,7 +10,8 @@ use hbdnn::{DType, Graph, PackedModel, Runtime, TensorSpec};
 
 use vlm::package::{LoadOptions, ModelConfig};
 
-use super::{contract, lock, pool, BpuError, BpuOptions, EmbedTable, EngineLock};
+use crate::error::load_error;
+use crate::{contract, lock, open, pool, BpuError, BpuOptions, EmbedTable};
 
 /// One contract violation: the file and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,9 +104,7 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
             return r;
         }
     };
-    let mut files = vec![cfg.hbm.clone()];
-    files.extend(cfg.existing_hbm_prefill().map(Path::to_owned));
-    files.extend(cfg.visual.clone());
+    let files = open::hbm_files(&cfg);
     for f in &files {
         let len = std::fs::metadata(f).map_or(0, |m| m.len());
         r.files.push((f.clone(), len));
@@ -119,36 +118,25 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         }
     };
     r.implementation = Some(implementation);
-    let _lock = match (
-        implementation,
-        opts.lock_path.clone().or_else(lock::env_lock_path),
-    ) {
-        (_, Some(p)) => Some(EngineLock::acquire(&p)),
-        (Implementation::Board, None) => Some(EngineLock::acquire(&lock::default_lock_path())),
-        (Implementation::Sim, None) => None,
-    }
-    .transpose();
-    if let Err(e) = &_lock {
-        r.error(e, &cfg.hbm);
-        r.config = Some(cfg);
-        return r;
-    }
+    // Held until the report is done: the check loads graphs like an engine does.
+    let _lock = match lock::acquire_for(implementation, opts.lock_path.as_deref()) {
+        Ok(l) => l,
+        Err(e) => {
+            r.error(&e, &cfg.hbm);
+            r.config = Some(cfg);
+            return r;
+        }
+    };
     if implementation == Implementation::Sim {
-        if let Err(e) = super::check_sim_march(&files) {
+        if let Err(e) = open::check_sim_march(&files) {
             r.error(&e, &cfg.hbm);
         }
     }
-    let reading = match implementation {
-        Implementation::Sim => pool::sim_pool(),
-        Implementation::Board => pool::board_pool(),
-    };
+    let reading = pool::reading(implementation);
     let hbm_bytes: u64 = r
         .files
         .iter()
-        .map(|&(_, n)| match implementation {
-            Implementation::Board => pool::with_load_margin(n),
-            Implementation::Sim => n,
-        })
+        .map(|&(_, n)| pool::load_bytes(implementation, n))
         .sum();
     if let Err(e) = pool::check("the .hbm files", hbm_bytes, &reading, &cfg.hbm) {
         r.error(&e, &cfg.hbm);
@@ -198,7 +186,7 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
                 }
                 models.push((f.clone(), m));
             }
-            Err(source) => r.error(&super::load_error(f, source), f),
+            Err(source) => r.error(&load_error(f, source), f),
         }
     }
     check_graphs(&mut r, &cfg, &models);

@@ -6,6 +6,7 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
+use bpu_sim::Implementation;
 use fs4::fs_std::FileExt;
 
 use super::BpuError;
@@ -28,6 +29,23 @@ pub fn env_lock_path() -> Option<PathBuf> {
     std::env::var_os(LOCK_ENV)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
+}
+
+/// The lock an engine of `implementation` takes: at `explicit`, else `VLM_BPU_LOCK`, else
+/// (boards only) [`default_lock_path`]. Simulator packages lock only when asked: each
+/// simulator instance is its own board, and tests open many at once.
+pub(crate) fn acquire_for(
+    implementation: Implementation,
+    explicit: Option<&Path>,
+) -> Result<Option<EngineLock>, BpuError> {
+    match (
+        implementation,
+        explicit.map(Path::to_owned).or_else(env_lock_path),
+    ) {
+        (_, Some(p)) => EngineLock::acquire(&p).map(Some),
+        (Implementation::Board, None) => EngineLock::acquire(&default_lock_path()).map(Some),
+        (Implementation::Sim, None) => Ok(None),
+    }
 }
 
 /// A held engine lock; released when dropped (closing the file releases the `flock`).

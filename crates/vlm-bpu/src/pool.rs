@@ -10,6 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
+use bpu_sim::Implementation;
+
 use super::BpuError;
 
 /// Env var: the device-tree `reserved-memory` folder to read (tests, unusual boards).
@@ -27,6 +29,15 @@ pub fn with_load_margin(len: u64) -> u64 {
     len + len / 1000 + (2 << 20)
 }
 
+/// Pool bytes a `.hbm` of `len` bytes takes when loaded: the board loader asks for slightly
+/// more than the file (S600: +1.3 MB on 2.46 GB); the simulator takes the file size exactly.
+pub(crate) fn load_bytes(implementation: Implementation, len: u64) -> u64 {
+    match implementation {
+        Implementation::Board => with_load_margin(len),
+        Implementation::Sim => len,
+    }
+}
+
 /// What is known about the pool the package will draw from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolReading {
@@ -39,6 +50,31 @@ pub struct PoolReading {
     /// `available: None` because there is no limit (an unlimited simulator pool), not
     /// because the size could not be read: no warning.
     pub unlimited: bool,
+}
+
+/// The pool `implementation` draws from.
+pub(crate) fn reading(implementation: Implementation) -> PoolReading {
+    match implementation {
+        Implementation::Sim => sim_pool(),
+        Implementation::Board => board_pool(),
+    }
+}
+
+/// The pool left for buffers once `loaded` bytes of `.hbm` are in: the simulator is read
+/// again (it counts what it gave out), while a board's reading is the carveout size from the
+/// device tree, which does not move, so the loads are subtracted from it.
+pub(crate) fn after_load(
+    implementation: Implementation,
+    before: &PoolReading,
+    loaded: u64,
+) -> PoolReading {
+    match implementation {
+        Implementation::Sim => sim_pool(),
+        Implementation::Board => PoolReading {
+            available: before.available.map(|a| a.saturating_sub(loaded)),
+            ..before.clone()
+        },
+    }
 }
 
 /// The simulator's pool (`None` in the instance = unlimited).

@@ -1,0 +1,389 @@
+//! Opening a package. The order is the point: everything that can refuse a package cheaply
+//! (the engine lock, the march, the ION pool) runs before the step it protects, because on a
+//! board a second engine or an over-full pool can take the machine down rather than fail.
+//! Graphs are loaded and checked against the contract before any buffer exists, and the
+//! buffers are checked against the pool before any is allocated.
+
+use std::path::{Path, PathBuf};
+
+use bpu_sim::Implementation;
+use hbdnn::{Graph, PackedModel, Runtime, Sched};
+
+use vlm::engine::BackendInfo;
+use vlm::package::{LoadOptions, ModelConfig};
+
+use crate::contract::{self, DecodeShape, FIXED_IN};
+use crate::error::load_error;
+use crate::logits::LogitsAt;
+use crate::pool::{self, PoolReading};
+use crate::step::Io;
+use crate::tower::Tower;
+use crate::{lock, state, BpuBackend, BpuError, BpuOptions, EmbedTable, EngineLock};
+
+/// The text graphs, loaded and checked against the contract; no buffer exists yet.
+struct TextGraphs {
+    /// The main `.hbm`: the decode graph, and the prefill graph when no file of its own has it.
+    main: PackedModel,
+    decode: Graph,
+    shape: DecodeShape,
+    /// The prefill graph, its rows per chunk and its file, when it agrees with the decode graph.
+    prefill: Option<(Graph, usize, PathBuf)>,
+    /// The package's separate prefill `.hbm`, loaded whether or not its graph is used.
+    prefill_model: Option<PackedModel>,
+}
+
+/// Everything read from the package and checked, before any buffer exists.
+struct Loaded {
+    cfg: ModelConfig,
+    implementation: Implementation,
+    text: TextGraphs,
+    embed: EmbedTable,
+    /// The vision tower's file and model; its graph is checked when its buffers are made.
+    tower: Option<(PathBuf, PackedModel)>,
+    axes: Vec<usize>,
+    lock: Option<EngineLock>,
+}
+
+impl BpuBackend {
+    /// Opens the package in `dir`. For simulator packages the calling thread's simulator
+    /// instance ([`bpu_sim::Sim::current`], or one `install`ed before) runs the graphs.
+    pub fn open(dir: &Path, opts: &BpuOptions) -> Result<Self, BpuError> {
+        let cfg = ModelConfig::load(
+            dir,
+            LoadOptions {
+                vision: !opts.no_vision,
+            },
+        )?;
+        let files = hbm_files(&cfg);
+        let implementation = bpu_sim::inspect_package(&files, opts.implementation)?;
+        let lock = lock::acquire_for(implementation, opts.lock_path.as_deref())?;
+        if implementation == Implementation::Sim {
+            check_sim_march(&files)?;
+        }
+        let (before_load, hbm_bytes) = preflight_files(implementation, &files, &cfg.hbm)?;
+        let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
+        tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
+        let text = load_text_graphs(&runtime, &cfg)?;
+        let embed = open_embed(&cfg, &text.shape)?;
+        let tower = load_tower(&runtime, &cfg)?;
+        let axes = rope_axes(&cfg, &text.shape)?;
+        let after_load = pool::after_load(implementation, &before_load, hbm_bytes);
+        preflight_buffers(&text, &after_load, &cfg.hbm)?;
+        let mut me = allocate(
+            Loaded {
+                cfg,
+                implementation,
+                text,
+                embed,
+                tower,
+                axes,
+                lock,
+            },
+            opts,
+        )?;
+        // Fresh buffers hold whatever the pool held before: the state starts zeroed and
+        // flushed to the device.
+        me.clear_state().map_err(|e| BpuError::Config {
+            path: me.cfg.hbm.clone(),
+            reason: e.to_string(),
+        })?;
+        Ok(me)
+    }
+}
+
+/// Every `.hbm` the package loads: the main file, a separate prefill file, the vision tower.
+pub(crate) fn hbm_files(cfg: &ModelConfig) -> Vec<PathBuf> {
+    let mut files = vec![cfg.hbm.clone()];
+    files.extend(cfg.existing_hbm_prefill().map(Path::to_owned));
+    files.extend(cfg.visual.clone());
+    files
+}
+
+/// Sim containers name the march they were compiled for; refuse those the simulated platform
+/// would refuse, naming the file, before anything is loaded.
+pub(crate) fn check_sim_march(files: &[PathBuf]) -> Result<(), BpuError> {
+    let platform = bpu_sim::Sim::current().platform_march();
+    for f in files {
+        let c = bpu_sim::Container::read(f).map_err(|e| BpuError::Config {
+            path: f.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(m) = c.header.march.as_deref() {
+            if m != platform {
+                return Err(BpuError::March {
+                    path: f.clone(),
+                    detail: format!("model march `{m}`, platform march `{platform}`"),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// First preflight, before anything is loaded: the `.hbm` files against the pool. Returns the
+/// pool reading and the bytes the loads will take from it.
+fn preflight_files(
+    implementation: Implementation,
+    files: &[PathBuf],
+    hbm: &Path,
+) -> Result<(PoolReading, u64), BpuError> {
+    let reading = pool::reading(implementation);
+    let mut hbm_bytes = 0u64;
+    for f in files {
+        let len = std::fs::metadata(f)
+            .map_err(|e| BpuError::Config {
+                path: f.clone(),
+                reason: format!("cannot stat: {e}"),
+            })?
+            .len();
+        hbm_bytes += pool::load_bytes(implementation, len);
+    }
+    pool::check("the .hbm files", hbm_bytes, &reading, hbm)?;
+    Ok((reading, hbm_bytes))
+}
+
+fn runtime(implementation: Implementation, lib_dir: Option<&Path>) -> Result<Runtime, BpuError> {
+    match implementation {
+        Implementation::Sim => Ok(Runtime::new(bpu_sim::table()?)),
+        Implementation::Board => Runtime::board(lib_dir).map_err(|source| BpuError::Hbdnn {
+            path: lib_dir.map_or_else(|| PathBuf::from("board libraries"), Path::to_owned),
+            source,
+        }),
+    }
+}
+
+fn load(runtime: &Runtime, path: &Path) -> Result<PackedModel, BpuError> {
+    runtime
+        .load(&[path])
+        .map_err(|source| load_error(path, source))
+}
+
+fn contract_error(path: &Path, reason: String) -> BpuError {
+    BpuError::Contract {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+/// Loads the decode graph (which must meet the contract) and the prefill graph if any.
+fn load_text_graphs(runtime: &Runtime, cfg: &ModelConfig) -> Result<TextGraphs, BpuError> {
+    let main = load(runtime, &cfg.hbm)?;
+    if !main.has_graph(&cfg.graph) {
+        return Err(contract_error(
+            &cfg.hbm,
+            format!("no graph `{}` (has {:?})", cfg.graph, main.graph_names()),
+        ));
+    }
+    let decode = main.graph(&cfg.graph).map_err(|source| BpuError::Hbdnn {
+        path: cfg.hbm.clone(),
+        source,
+    })?;
+    let shape = contract::check_decode(&decode).map_err(|r| contract_error(&cfg.hbm, r))?;
+    let own = match cfg.existing_hbm_prefill() {
+        Some(p) => Some((p.to_owned(), load(runtime, p)?)),
+        None => None,
+    };
+    let prefill = prefill_graph(cfg, &main, own.as_ref(), &decode, &shape)?;
+    Ok(TextGraphs {
+        main,
+        decode,
+        shape,
+        prefill,
+        prefill_model: own.map(|(_, m)| m),
+    })
+}
+
+/// The prefill graph from the package's own prefill file, else from the main file. One that
+/// disagrees with the decode graph only costs speed (every row is stepped), so it is a
+/// warning, not an error.
+fn prefill_graph(
+    cfg: &ModelConfig,
+    main: &PackedModel,
+    own: Option<&(PathBuf, PackedModel)>,
+    decode: &Graph,
+    shape: &DecodeShape,
+) -> Result<Option<(Graph, usize, PathBuf)>, BpuError> {
+    let name = cfg.prefill_graph();
+    let holder = match own {
+        Some((p, m)) if m.has_graph(&name) => Some((p.clone(), m)),
+        _ if main.has_graph(&name) => Some((cfg.hbm.clone(), main)),
+        _ => None,
+    };
+    let Some((path, m)) = holder else {
+        tracing::info!(graph = %name, "no prefill graph: stepping every row");
+        return Ok(None);
+    };
+    let g = m.graph(&name).map_err(|source| BpuError::Hbdnn {
+        path: path.clone(),
+        source,
+    })?;
+    match contract::check_prefill(&g, decode, shape) {
+        Ok(n) => {
+            tracing::info!(file = %path.display(), graph = %name, chunk = n, "prefill graph");
+            Ok(Some((g, n, path)))
+        }
+        Err(reason) => {
+            tracing::warn!(
+                file = %path.display(), graph = %name, %reason,
+                "prefill graph not compatible with the decode graph: stepping every row"
+            );
+            Ok(None)
+        }
+    }
+}
+
+fn open_embed(cfg: &ModelConfig, shape: &DecodeShape) -> Result<EmbedTable, BpuError> {
+    let path = cfg.embed.as_deref().ok_or_else(|| BpuError::Config {
+        path: cfg.manifest.clone(),
+        reason: "the package names no `embed` table".into(),
+    })?;
+    EmbedTable::open(path, shape.vocab, shape.hidden)
+}
+
+fn load_tower(
+    runtime: &Runtime,
+    cfg: &ModelConfig,
+) -> Result<Option<(PathBuf, PackedModel)>, BpuError> {
+    match &cfg.visual {
+        Some(p) => Ok(Some((p.clone(), load(runtime, p)?))),
+        None => Ok(None),
+    }
+}
+
+/// The M-RoPE axis of each rotary pair; the rope tables are built for the interleaved layout
+/// only, so a sectioned one would silently give wrong positions.
+fn rope_axes(cfg: &ModelConfig, shape: &DecodeShape) -> Result<Vec<usize>, BpuError> {
+    if !cfg.mrope_interleaved && !cfg.mrope_section.is_empty() {
+        return Err(BpuError::Config {
+            path: cfg.manifest.clone(),
+            reason: "only interleaved M-RoPE (`mrope_interleaved: true`) is supported".into(),
+        });
+    }
+    let section: Vec<usize> = cfg.mrope_section.iter().map(|&s| s as usize).collect();
+    Ok(qwen35::config::mrope_axes(shape.rot / 2, &section))
+}
+
+/// Second preflight, before any buffer exists: two cache sets plus the graphs' I/O.
+fn preflight_buffers(text: &TextGraphs, pool: &PoolReading, hbm: &Path) -> Result<(), BpuError> {
+    let io_bytes = |g: &Graph| -> u64 {
+        g.inputs()[..FIXED_IN.min(g.inputs().len())]
+            .iter()
+            .chain(g.outputs().first())
+            .map(|s| s.byte_size as u64)
+            .sum()
+    };
+    let cache_set: u64 = text.decode.inputs()[FIXED_IN..]
+        .iter()
+        .map(|s| s.byte_size as u64)
+        .sum();
+    let mut buffers = 2 * cache_set + io_bytes(&text.decode);
+    if let Some((g, _, _)) = &text.prefill {
+        buffers += io_bytes(g);
+    }
+    pool::check(
+        "two cache sets and the graph I/O buffers",
+        buffers,
+        pool,
+        hbm,
+    )
+}
+
+/// Allocates every buffer and assembles the backend (state not yet cleared).
+fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
+    let Loaded {
+        cfg,
+        implementation,
+        text,
+        embed,
+        tower,
+        axes,
+        lock,
+    } = loaded;
+    let TextGraphs {
+        main,
+        decode,
+        shape,
+        prefill,
+        prefill_model,
+    } = text;
+    let prefill = match prefill {
+        Some((g, n, path)) => Some(Io::new(g, n, &path)?),
+        None => None,
+    };
+    let mut packed: Vec<PackedModel> = prefill_model.into_iter().collect();
+    let tower = match tower {
+        Some((p, m)) => {
+            let t = Tower::open(&cfg, &p, &m, shape.hidden)?;
+            packed.push(m);
+            Some(t)
+        }
+        None => None,
+    };
+    let decode = Io::new(decode, 1, &cfg.hbm)?;
+    let sets = [
+        state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
+        state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
+    ];
+    let state_shape = state::state_shape(&decode.graph, &shape);
+    let info = BackendInfo {
+        hidden: shape.hidden,
+        vocab: shape.vocab,
+        context: shape.context,
+        prefill_chunk: prefill.as_ref().map_or(0, |p| p.rows),
+        mask_heads: shape.mask_heads,
+        vision: tower.as_ref().map(|t| t.spec),
+    };
+    packed.push(main);
+    let pad_min_tail = pad_min_tail(opts.pad_tail, &cfg, info.prefill_chunk);
+    let sched = Sched {
+        priority: opts.priority,
+        core_mask: Sched::cores(cfg.bpu_cores),
+        timeout_ms: 0,
+    };
+    Ok(BpuBackend {
+        implementation,
+        info,
+        embed,
+        decode,
+        prefill,
+        tower,
+        sets,
+        phase: 0,
+        consumed: 0,
+        max_pos: None,
+        logit_image: vec![0; state_shape.logit_bytes],
+        image_in_decode_buffer: false,
+        logits_at: LogitsAt::Nowhere,
+        logits: Vec::new(),
+        decode_mask_for: None,
+        shape,
+        axes,
+        state_shape,
+        sched,
+        cfg,
+        pad_min_tail,
+        graph_time: std::time::Duration::ZERO,
+        _packed: packed,
+        _lock: lock,
+    })
+}
+
+/// `Some(min rows)` when a short prompt tail runs as one padded prefill chunk: the caller must
+/// ask for it and the package must declare it, because the padding is inferred from the
+/// contract and not yet confirmed on a board.
+fn pad_min_tail(requested: bool, cfg: &ModelConfig, chunk: usize) -> Option<usize> {
+    match (requested, cfg.prefill_pads, chunk) {
+        (true, true, n) if n >= 2 => {
+            let min = cfg.prefill_min_tail.map_or(n, |m| m as usize).max(2);
+            tracing::info!(min_tail = min, chunk = n, "padded prefill tail enabled");
+            Some(min)
+        }
+        (true, _, _) => {
+            tracing::info!(
+                "pad_tail requested but the package has no padded prefill: stepping the tail"
+            );
+            None
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,332 @@
+//! Running rows through the text graphs: one row through decode, `N` through prefill, or a
+//! short prompt tail padded to `N` (contract §4.4). Each run writes its fixed inputs (the rows,
+//! M-RoPE cos/sin, the right-aligned window mask in every head plane), CLEANs them, reads the
+//! current cache set and writes the other, and INVALIDATEs the logits before the CPU reads
+//! them.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::time::Instant;
+
+use hbdnn::{DeviceBuffer, Graph, TensorSpec};
+
+use vlm::chat::Pos3;
+use vlm::engine::{check_rows, Backend, EngineError, StateShape};
+
+use crate::contract::FIXED_IN;
+use crate::error::device;
+use crate::{state, BpuBackend, BpuError};
+
+/// Input index of the window mask among the fixed inputs.
+const MASK: usize = 3;
+
+/// Fixed inputs (x, cos, sin, mask) and the logits output of one text graph.
+pub(crate) struct Io {
+    pub(crate) graph: Graph,
+    pub(crate) fixed: Vec<DeviceBuffer>,
+    pub(crate) logits: DeviceBuffer,
+    /// Rows per run: 1 for decode, `N` for prefill.
+    pub(crate) rows: usize,
+}
+
+impl Io {
+    pub(crate) fn new(graph: Graph, rows: usize, path: &Path) -> Result<Self, BpuError> {
+        let hb = |source| BpuError::Hbdnn {
+            path: path.to_owned(),
+            source,
+        };
+        let fixed = (0..FIXED_IN)
+            .map(|i| graph.alloc_input(i))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(hb)?;
+        let logits = graph.alloc_output(0).map_err(hb)?;
+        Ok(Self {
+            graph,
+            fixed,
+            logits,
+            rows,
+        })
+    }
+}
+
+/// The fixed inputs of one run, pad rows included.
+struct Inputs<'a> {
+    x: Cow<'a, [f32]>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    /// Empty for a decode run: its mask is updated in place (`write_decode_mask`).
+    mask: Vec<f32>,
+}
+
+impl Inputs<'_> {
+    fn in_order(&self) -> [&[f32]; FIXED_IN] {
+        [&self.x, &self.cos, &self.sin, &self.mask]
+    }
+}
+
+fn write_input(buf: &mut DeviceBuffer, spec: &TensorSpec, data: &[f32]) -> Result<(), EngineError> {
+    buf.write_tensor(spec, data)
+        .map_err(|e| device("input write", e))?;
+    buf.clean().map_err(|e| device("CLEAN", e))
+}
+
+impl BpuBackend {
+    /// Runs `rows` as whole prefill chunks while they last, then the tail padded to one chunk
+    /// when [`Self::pad_tail_fits`], else row by row; `interrupt` is asked before every run.
+    pub(crate) fn step_rows(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        let h = self.info.hidden;
+        let n = check_rows(h, rows, positions, self.context_left())?;
+        let chunk = self.info.prefill_chunk;
+        let mut i = 0;
+        while i < n {
+            if interrupt() {
+                return Ok(false);
+            }
+            let rest = n - i;
+            let (take, padded) = if chunk >= 2 && rest >= chunk {
+                (chunk, false)
+            } else if self.pad_tail_fits(rest) {
+                (rest, true)
+            } else {
+                (1, false)
+            };
+            let (r, p) = (&rows[i * h..(i + take) * h], &positions[i..i + take]);
+            if padded {
+                self.run_chunk(r, p, Some(chunk))?;
+            } else {
+                self.run_chunk(r, p, None)?;
+            }
+            i += take;
+        }
+        Ok(true)
+    }
+
+    /// Whether a tail of `t` rows goes through the prefill graph padded to `N`: padding
+    /// enabled, `prefill_min_tail <= t < N`, and `N` free slots (the graph shifts every window
+    /// by `N` before the host takes the pad rows back out).
+    fn pad_tail_fits(&self, t: usize) -> bool {
+        let n = self.info.prefill_chunk;
+        self.pad_min_tail
+            .is_some_and(|min| t >= min && t < n && self.context_left() >= n)
+    }
+
+    /// Runs `positions.len()` rows through the decode graph (1 row) or the prefill graph
+    /// (`N` rows, or fewer padded to `pad_to = Some(N)`: pad rows are zero with cos 1 / sin 0
+    /// and a fully masked mask row, contract §4.4).
+    pub(crate) fn run_chunk(
+        &mut self,
+        rows: &[f32],
+        positions: &[Pos3],
+        pad_to: Option<usize>,
+    ) -> Result<(), EngineError> {
+        let n = positions.len();
+        let g_rows = self.graph_rows(rows.len(), n, pad_to)?;
+        let inputs = self.inputs(rows, positions, g_rows)?;
+        let off = self.run_graph(&inputs, g_rows, n)?;
+        if g_rows > n {
+            let next = &mut self.sets[self.phase ^ 1];
+            unpad_windows(next, &self.state_shape, g_rows - n, self.consumed + g_rows)?;
+        }
+        self.advance(positions);
+        if g_rows == 1 {
+            self.logits_after_decode();
+            Ok(())
+        } else {
+            self.logits_after_prefill(off, n)
+        }
+    }
+
+    /// Rows the graph runs for `n` real rows of `values` floats: the real ones, then pads up
+    /// to `N` when the tail is padded.
+    fn graph_rows(
+        &self,
+        values: usize,
+        n: usize,
+        pad_to: Option<usize>,
+    ) -> Result<usize, EngineError> {
+        let h = self.shape.hidden;
+        if values != n * h {
+            return Err(EngineError::Shape {
+                what: "rows [n, hidden]",
+                expected: n * h,
+                found: values,
+            });
+        }
+        let chunk = self.info.prefill_chunk;
+        let padded = pad_to.is_some_and(|p| p == chunk && chunk >= 2 && n >= 1 && n < chunk);
+        if !(padded || n == 1 || (chunk >= 2 && n == chunk)) {
+            return Err(EngineError::RowCount { rows: n, chunk });
+        }
+        let g_rows = if padded { chunk } else { n };
+        let left = self.context_left();
+        if g_rows > left {
+            return Err(EngineError::ContextOverflow {
+                needed: g_rows,
+                left,
+            });
+        }
+        Ok(g_rows)
+    }
+
+    /// The fixed inputs for `g_rows` graph rows; rows past the real ones are pads.
+    fn inputs<'a>(
+        &mut self,
+        rows: &'a [f32],
+        positions: &[Pos3],
+        g_rows: usize,
+    ) -> Result<Inputs<'a>, EngineError> {
+        let n = positions.len();
+        let rope: Vec<qwen35::Pos3> = positions.iter().map(|&p| p.into()).collect();
+        let (mut cos, mut sin) =
+            qwen35::rope_tables(&rope, self.shape.rot, self.cfg.rope_theta, &self.axes);
+        let cl = self.shape.context;
+        let mut mask = if g_rows == 1 {
+            self.write_decode_mask()?;
+            Vec::new()
+        } else {
+            qwen35::window_mask(self.consumed, g_rows, cl, self.shape.mask_heads)
+        };
+        if g_rows == n {
+            return Ok(Inputs {
+                x: Cow::Borrowed(rows),
+                cos,
+                sin,
+                mask,
+            });
+        }
+        cos.resize(g_rows * self.shape.rot, 1.0);
+        sin.resize(g_rows * self.shape.rot, 0.0);
+        for plane in mask.chunks_exact_mut(g_rows * cl) {
+            plane[n * cl..].fill(qwen35::MASK_NEG);
+        }
+        let mut x = Vec::with_capacity(g_rows * self.shape.hidden);
+        x.extend_from_slice(rows);
+        x.resize(g_rows * self.shape.hidden, 0.0);
+        Ok(Inputs {
+            x: Cow::Owned(x),
+            cos,
+            sin,
+            mask,
+        })
+    }
+
+    /// Runs the graph for `g_rows` from the current cache set into the other and returns the
+    /// byte offset of the last real row (row `n - 1`) in its logits output.
+    fn run_graph(
+        &mut self,
+        inputs: &Inputs,
+        g_rows: usize,
+        n: usize,
+    ) -> Result<usize, EngineError> {
+        let len = self.row_bytes();
+        let chunk = self.info.prefill_chunk;
+        let io = if g_rows == 1 {
+            &mut self.decode
+        } else {
+            self.prefill
+                .as_mut()
+                .ok_or(EngineError::RowCount { rows: n, chunk })?
+        };
+        let specs = io.graph.inputs()[..FIXED_IN].to_vec();
+        for (i, data) in inputs.in_order().into_iter().enumerate() {
+            // The decode mask is already in place (`write_decode_mask`).
+            if i == MASK && g_rows == 1 {
+                continue;
+            }
+            write_input(&mut io.fixed[i], &specs[i], data)?;
+        }
+        let (cur, next) = state::ping_pong(&mut self.sets, self.phase);
+        let mut ins: Vec<&DeviceBuffer> = io.fixed.iter().collect();
+        ins.extend(cur.iter());
+        let mut outs: Vec<&mut DeviceBuffer> = vec![&mut io.logits];
+        outs.extend(next.iter_mut());
+        let what = if g_rows == 1 {
+            "decode run"
+        } else {
+            "prefill run"
+        };
+        let t0 = Instant::now();
+        let ran = io.graph.run(&ins, &mut outs, &self.sched);
+        self.graph_time += t0.elapsed();
+        ran.map_err(|e| device(what, e))?;
+        io.logits
+            .invalidate()
+            .map_err(|e| device("INVALIDATE", e))?;
+        let out = &io.graph.outputs()[0];
+        // All-row logits of a padded chunk: the last real row's (pad rows follow it).
+        let last = if out.rows() >= g_rows {
+            n - 1
+        } else {
+            out.rows().saturating_sub(1)
+        };
+        let off = out.row_offset(last);
+        if io.logits.as_bytes().len() < off + len {
+            return Err(EngineError::Shape {
+                what: "logits row inside the output buffer",
+                expected: off + len,
+                found: io.logits.size(),
+            });
+        }
+        Ok(off)
+    }
+
+    /// The decode mask for `P = consumed`: when the buffer holds the mask for `P - 1`, only
+    /// column `CL - P - 1` of each plane opens (contract §3.3); otherwise the whole mask is
+    /// written.
+    fn write_decode_mask(&mut self) -> Result<(), EngineError> {
+        let p = self.consumed;
+        let cl = self.shape.context;
+        let spec = &self.decode.graph.inputs()[MASK];
+        if p >= 1 && p < cl && self.decode_mask_for == Some(p - 1) && spec.strides.len() == 2 {
+            let col = cl - p - 1;
+            let (s0, s1) = (spec.strides[0], spec.strides[1]);
+            let buf = &mut self.decode.fixed[MASK];
+            for h in 0..self.shape.mask_heads {
+                let at = h * s0 + col * s1;
+                let bytes = buf.as_mut_bytes();
+                bytes[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
+                buf.clean_range(at, 4).map_err(|e| device("CLEAN", e))?;
+            }
+        } else {
+            let mask = qwen35::window_mask(p, 1, cl, self.shape.mask_heads);
+            let spec = spec.clone();
+            write_input(&mut self.decode.fixed[MASK], &spec, &mask)?;
+        }
+        self.decode_mask_for = Some(p);
+        Ok(())
+    }
+}
+
+/// After a padded chunk the window-indexed K/V caches end with `pads` zero rows; move the
+/// real rows back to the right end and zero the front (contract §4.4): `P` grows by the
+/// real rows only. Only the last `filled` rows (`P` before the chunk + `N`) can be
+/// non-zero — the window is right-aligned and starts zeroed — so only they move, and the
+/// cost follows the conversation, not the window size.
+fn unpad_windows(
+    set: &mut [DeviceBuffer],
+    shape: &StateShape,
+    pads: usize,
+    filled: usize,
+) -> Result<(), EngineError> {
+    let first = shape.context - filled.min(shape.context);
+    for (buf, layout) in set.iter_mut().zip(&shape.caches) {
+        let Some(row) = layout.window_row_bytes else {
+            continue;
+        };
+        let (start, end) = (first * row, shape.context * row);
+        buf.invalidate_range(start, end - start)
+            .map_err(|e| device("INVALIDATE", e))?;
+        let bytes = buf.as_mut_bytes();
+        let shift = pads * row;
+        bytes.copy_within(start..end - shift, start + shift);
+        bytes[start..start + shift].fill(0);
+        buf.clean_range(start, end - start)
+            .map_err(|e| device("CLEAN", e))?;
+    }
+    Ok(())
+}
