@@ -143,6 +143,13 @@ pub enum Error {
         name: String,
         available: Vec<String>,
     },
+    /// A graph call did not finish in time; the task may still be running on the BPU.
+    #[error("graph {graph}: the BPU task did not finish within {timeout_ms} ms ({status}); it may still be running, so the runtime accepts no more runs")]
+    Timeout {
+        graph: String,
+        timeout_ms: i32,
+        status: Status,
+    },
     /// A task of this runtime timed out earlier: the BPU may still be running it, so the
     /// runtime accepts no further runs.
     #[error("the BPU runtime accepts no more runs: an earlier task timed out and may still be running (restart the process)")]
@@ -196,7 +203,7 @@ impl Error {
     /// The C status behind this error, if any.
     pub fn status(&self) -> Option<Status> {
         match self {
-            Error::Call { status, .. } => Some(*status),
+            Error::Call { status, .. } | Error::Timeout { status, .. } => Some(*status),
             Error::Load { source, .. } => source.status(),
             _ => None,
         }

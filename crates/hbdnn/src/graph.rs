@@ -8,7 +8,7 @@ use hbdnn_sys as sys;
 
 use crate::model::PackedInner;
 use crate::runtime::{ffi, RtInner};
-use crate::{DeviceBuffer, Error, Result, Side, TensorSpec};
+use crate::{DeviceBuffer, Error, Result, Side, Status, TensorSpec};
 
 /// Scheduling of one run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -286,6 +286,11 @@ impl Graph {
                     "BPU task timed out: the task and every device buffer of this runtime are \
                      left unreleased until the process exits; no further runs are accepted"
                 );
+                return Err(Error::Timeout {
+                    graph: self.name.clone(),
+                    timeout_ms: sched.timeout_ms,
+                    status: Status::Timeout,
+                });
             }
             return Err(e);
         }

@@ -51,10 +51,11 @@ pub enum BpuError {
 }
 
 /// Any device failure fails the request; the state (the input cache set) is left untouched.
+/// A timeout, now or earlier, leaves the runtime wedged: no later request can run.
 pub(crate) fn device(what: &str, e: hbdnn::Error) -> EngineError {
     EngineError::Bpu {
         what: what.to_owned(),
-        timeout: e.is_timeout(),
+        timeout: e.is_timeout() || matches!(e, hbdnn::Error::Wedged),
         source: Box::new(e),
     }
 }

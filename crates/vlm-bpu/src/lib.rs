@@ -33,6 +33,7 @@ mod step;
 mod tower;
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use bpu_sim::Implementation;
 use hbdnn::{DeviceBuffer, PackedModel, Sched};
@@ -52,7 +53,7 @@ use step::Io;
 use tower::Tower;
 
 /// How to open a package.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct BpuOptions {
     /// Insist on an implementation; `None` = whatever the `.hbm` files are.
     pub implementation: Option<Implementation>,
@@ -70,6 +71,39 @@ pub struct BpuOptions {
     /// the package sets `prefill_pads` (contract §4.4, inferred, unconfirmed on a board).
     /// Default `false`: the tail is stepped row by row, correct with every package.
     pub pad_tail: bool,
+    /// Longest wait for one graph call. A call that takes longer fails the request and
+    /// wedges the runtime (the task may still be running; see `hbdnn::Runtime::is_wedged`).
+    pub timeout: Duration,
+}
+
+/// Default of [`BpuOptions::timeout`]: the longest graph call of the 4B package is ~0.74 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Default for BpuOptions {
+    fn default() -> Self {
+        Self {
+            implementation: None,
+            lib_dir: None,
+            no_vision: false,
+            priority: 0,
+            lock_path: None,
+            pad_tail: false,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A graph-call time limit from seconds (a parameter or a flag): finite, above zero, and at
+/// most what hbUCP's millisecond `int` can hold.
+pub fn timeout_from_secs(secs: f64) -> Result<Duration, String> {
+    const MAX_S: f64 = i32::MAX as f64 / 1000.0;
+    if secs.is_finite() && secs > 0.0 && secs <= MAX_S {
+        Ok(Duration::from_secs_f64(secs))
+    } else {
+        Err(format!(
+            "{secs} must be a number of seconds above 0 and at most {MAX_S:.0}"
+        ))
+    }
 }
 
 /// A BLLM package on the BPU (board or simulator) with one decode state.

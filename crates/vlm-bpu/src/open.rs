@@ -338,7 +338,10 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
     let sched = Sched {
         priority: opts.priority,
         core_mask: Sched::cores(cfg.bpu_cores),
-        timeout_ms: 0,
+        // At least 1 ms: 0 would mean "wait forever" to hbUCP.
+        timeout_ms: i32::try_from(opts.timeout.as_millis())
+            .unwrap_or(i32::MAX)
+            .max(1),
     };
     Ok(BpuBackend {
         implementation,

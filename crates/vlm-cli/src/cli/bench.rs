@@ -15,13 +15,15 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use bpu_sim::Implementation;
 use clap::Args;
+
+use super::bpu_flags::BpuFlags;
 use serde_json::json;
-use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::chat::{ChatTemplate, ImageSlot, SystemOptions, UserTurn};
 use vlm::engine::{Backend, DecodeOptions, Engine, ImageInput};
 use vlm::sampler::{Sampler, SamplingParams};
 use vlm::stream::StreamConfig;
 use vlm::vision::RgbImage;
+use vlm_bpu::{BpuBackend, BpuOptions};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -49,6 +51,8 @@ pub struct BenchArgs {
     /// Pad the prompt tail when the package sets `prefill_pads`.
     #[arg(long)]
     pub pad_tail: bool,
+    #[command(flatten)]
+    pub bpu: BpuFlags,
     /// Measure the host overhead per decode step instead (sim packages, graph time zero).
     #[arg(long)]
     pub host_overhead: bool,
@@ -101,11 +105,12 @@ struct Setup {
 }
 
 fn open(args: &BenchArgs, vision: bool) -> anyhow::Result<Setup> {
-    let opts = BpuOptions {
+    let mut opts = BpuOptions {
         no_vision: !vision,
         pad_tail: args.pad_tail,
         ..BpuOptions::default()
     };
+    args.bpu.apply(&mut opts);
     let mut load_s = Vec::new();
     let mut last: Option<BpuBackend> = None;
     for _ in 0..args.repeats.max(1) {

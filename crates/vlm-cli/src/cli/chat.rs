@@ -6,13 +6,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
+
+use super::bpu_flags::BpuFlags;
 use serde_json::json;
 use vlm::assistant::{Assistant, Conversation, Reply, Turn};
-use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::engine::ImageInput;
 use vlm::sampler::SamplingParams;
 use vlm::stream::Event;
 use vlm::vision::RgbImage;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 #[derive(Debug, Args)]
 pub struct ChatArgs {
@@ -74,6 +76,8 @@ pub struct ChatArgs {
     /// BPU task priority (0..=255).
     #[arg(long, default_value_t = 0)]
     pub priority: u8,
+    #[command(flatten)]
+    pub bpu: BpuFlags,
     /// Print each turn's result as one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -166,6 +170,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         ..OpenOptions::default()
     };
     opts.bpu.priority = args.priority;
+    args.bpu.apply(&mut opts.bpu);
     let tools = match &args.tools {
         Some(p) => {
             let text = std::fs::read_to_string(p)

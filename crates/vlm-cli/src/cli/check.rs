@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::Args;
+
+use super::bpu_flags::BpuFlags;
 use hbdnn::TensorSpec;
 use vlm_bpu::check::check_package;
 use vlm_bpu::BpuOptions;
@@ -21,6 +23,8 @@ pub struct CheckArgs {
     /// Board library folder (default: the system search).
     #[arg(long, value_name = "DIR")]
     pub lib_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub bpu: BpuFlags,
 }
 
 fn tensor(t: &TensorSpec) -> String {
@@ -35,11 +39,12 @@ fn tensor(t: &TensorSpec) -> String {
 }
 
 pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
-    let opts = BpuOptions {
+    let mut opts = BpuOptions {
         no_vision: args.no_vision,
         lib_dir: args.lib_dir.clone(),
         ..BpuOptions::default()
     };
+    args.bpu.apply(&mut opts);
     let r = check_package(&args.package, &opts);
     let mut out = std::io::stdout().lock();
     writeln!(out, "package {}", args.package.display())?;

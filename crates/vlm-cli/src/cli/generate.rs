@@ -8,13 +8,15 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::{ArgGroup, Args};
+
+use super::bpu_flags::BpuFlags;
 use qwen35::{patchify_rgb8, PreparedImage, Qwen35Model};
 use serde::Serialize;
-use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, ImageInput};
 use vlm::sampler::{Sampler, SamplingParams};
 use vlm::stream::StreamConfig;
 use vlm::vision::RgbImage;
+use vlm_bpu::{BpuBackend, BpuOptions};
 
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("model").required(true).args(["hf", "package"])))]
@@ -28,6 +30,8 @@ pub struct GenerateArgs {
     /// Run a padded prompt tail when the package sets `prefill_pads` (default: step the tail).
     #[arg(long, requires = "package")]
     pub pad_tail: bool,
+    #[command(flatten)]
+    pub bpu: BpuFlags,
     /// Prompt token ids, comma separated.
     #[arg(long, value_name = "ID,ID,...", value_delimiter = ',', required = true)]
     pub prompt_ids: Vec<u32>,
@@ -122,11 +126,12 @@ fn check_slots(ids: &[u32], pad: Option<u32>, images: usize) -> anyhow::Result<(
 
 fn run_package(dir: &Path, args: &GenerateArgs) -> anyhow::Result<Greedy> {
     let t0 = std::time::Instant::now();
-    let opts = BpuOptions {
+    let mut opts = BpuOptions {
         no_vision: args.image.is_empty(),
         pad_tail: args.pad_tail,
         ..BpuOptions::default()
     };
+    args.bpu.apply(&mut opts);
     let backend =
         BpuBackend::open(dir, &opts).with_context(|| format!("opening {}", dir.display()))?;
     let cfg = backend.config();

@@ -1,6 +1,7 @@
 //! Argument structure of the `vlm` binary (clap derive), one module per subcommand.
 
 mod bench;
+mod bpu_flags;
 mod chat;
 mod check;
 mod generate;

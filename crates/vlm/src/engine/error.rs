@@ -40,7 +40,9 @@ pub enum EngineError {
     #[error("CPU model: {0}")]
     Cpu(#[from] qwen35::Error),
     /// A BPU call (board runtime or simulator) failed; `what` names the step of the request.
-    /// `timeout`: the task did not finish in time (the device may still be running it).
+    /// `timeout`: a task did not finish in time, in this call or an earlier one; the device
+    /// may still be running it, so the backend accepts no more work (see
+    /// [`EngineError::backend_is_lost`]).
     #[error("BPU {what} failed: {source}")]
     Bpu {
         what: String,
@@ -54,4 +56,11 @@ pub enum EngineError {
     Sampler(#[from] SamplerError),
     #[error("stream: {0}")]
     Stream(#[from] StreamError),
+}
+
+impl EngineError {
+    /// No later request can succeed on this backend: the process must restart it.
+    pub fn backend_is_lost(&self) -> bool {
+        matches!(self, Self::Bpu { timeout: true, .. })
+    }
 }
