@@ -21,23 +21,3 @@ pub const TOKENS_HISTORY_DEPTH: usize = 4096;
 
 /// History depth of `/vlm/answers`.
 pub const ANSWERS_HISTORY_DEPTH: usize = 64;
-
-/// The topic and service names one node instance uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EntityNames {
-    pub ask: String,
-    pub cancel: String,
-    pub tokens: String,
-    pub answers: String,
-}
-
-impl Default for EntityNames {
-    fn default() -> Self {
-        Self {
-            ask: ASK_SERVICE.to_owned(),
-            cancel: CANCEL_SERVICE.to_owned(),
-            tokens: TOKENS_TOPIC.to_owned(),
-            answers: ANSWERS_TOPIC.to_owned(),
-        }
-    }
-}
