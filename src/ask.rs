@@ -1,20 +1,22 @@
 //! `/ask` and `/vlm/cancel`: validate a request, pick its image, admit it to the bounded
-//! queue and hand it to the engine thread. Nothing here blocks on inference: a refused
-//! request is answered at once, an admitted one by the engine when it finishes.
+//! queue and hand it to the worker thread. Nothing here blocks on inference: a refused
+//! request is answered at once, an admitted one by the worker when it finishes.
 
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use camera_frame::{max_age_from_secs, CameraCache, Limits};
+use camera_frame::{CameraCache, Limits, SelectError};
 use serde_json::Value;
+use vlm::assistant::Turn;
 use vlm::sampler::SamplingParams;
 
 use crate::cameras::{frame_from_compressed, frame_from_image};
-use crate::engine::{Images, Job, JobPlan};
-use crate::interface::{enable_thinking, error_code};
+use crate::interface::{enable_thinking, ErrorCode};
+use crate::job::{Images, Job, JobPlan};
 use crate::msgs::srv::{Ask, Cancel};
-use crate::params::{Params, MAX_NEW_TOKENS_LIMIT};
+use crate::outcome::{refused, Failure};
+use crate::params::{time_limit, Params, MAX_NEW_TOKENS_LIMIT};
 use crate::registry::{AdmitError, Registry};
 
 /// The camera name that asks for a text-only answer.
@@ -26,12 +28,12 @@ pub struct AskContext {
     /// `None` when the node runs without vision.
     pub cameras: Option<Arc<CameraCache>>,
     pub registry: Arc<Registry>,
-    /// The engine's queue; `None` once the node is shutting down.
+    /// The worker's queue; `None` once the node is shutting down.
     pub jobs: std::sync::Mutex<Option<Sender<Job>>>,
 }
 
 impl AskContext {
-    /// Closes the queue: later asks are refused, the engine ends after the queued ones.
+    /// Closes the queue: later asks are refused, the worker ends after the queued ones.
     pub fn close(&self) {
         if let Ok(mut g) = self.jobs.lock() {
             g.take();
@@ -39,33 +41,12 @@ impl AskContext {
     }
 }
 
-/// A refusal before the request reaches the queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
-    pub code: &'static str,
-    pub message: String,
-}
-
-fn invalid(message: impl Into<String>) -> Refusal {
-    Refusal {
-        code: error_code::INVALID_REQUEST,
-        message: message.into(),
-    }
-}
-
-/// The response to a refused request.
-pub fn refusal_response(request_id: String, r: Refusal) -> Ask::Response {
-    Ask::Response {
-        success: false,
-        error_code: r.code.to_owned(),
-        error_message: r.message,
-        request_id,
-        ..Default::default()
-    }
+fn invalid(message: impl Into<String>) -> Failure {
+    Failure::new(ErrorCode::InvalidRequest, message)
 }
 
 /// `-1` (the field's default) = the node's value; anything else must pass `ok`.
-fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Result<f32, Refusal> {
+fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Result<f32, Failure> {
     if v == -1.0 {
         Ok(default)
     } else if v.is_finite() && ok(v) {
@@ -76,9 +57,9 @@ fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Resul
 }
 
 /// Time limit from the request (`-1` = the parameter, `0` = none).
-fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Refusal> {
+fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Failure> {
     let s = if v == -1.0 { default } else { v };
-    max_age_from_secs(s).map_err(|_| {
+    time_limit(s).map_err(|_| {
         invalid(format!(
             "{name} {v} must be -1, 0 or a positive number of seconds"
         ))
@@ -86,7 +67,7 @@ fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Refu
 }
 
 /// The sampling settings of a request over the node's defaults.
-pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Refusal> {
+pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failure> {
     let s = SamplingParams {
         temperature: float_or(req.temperature, p.temperature, "temperature", |x| x >= 0.0)?,
         top_p: float_or(req.top_p, p.top_p, "top_p", |x| x > 0.0 && x <= 1.0)?,
@@ -124,7 +105,8 @@ pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Refusa
 }
 
 /// Checks a request and builds its job (without the queue slot and response channel).
-pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPlan, Refusal> {
+/// The turn's `cancel` is left unset: the flag comes with the queue slot.
+pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPlan, Failure> {
     let p = &ctx.params;
     if req.prompt.trim().is_empty() {
         return Err(invalid("the prompt is empty"));
@@ -157,24 +139,29 @@ pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPla
         return Err(invalid("stop strings must not be empty"));
     }
     let images = pick_images(req, ctx, max_age, now)?;
-    Ok(JobPlan {
-        prompt: req.prompt.clone(),
-        images,
-        session_id: Some(req.session_id.clone()).filter(|s| !s.is_empty()),
+    let max_new_tokens = if req.max_new_tokens == 0 {
+        p.max_new_tokens
+    } else {
+        req.max_new_tokens
+    };
+    // Images stay empty here: the worker converts the frames when the job's turn comes.
+    let turn = Turn {
+        thinking,
         system: Some(req.system_prompt.clone())
             .filter(|s| !s.trim().is_empty())
             .or_else(|| p.system_prompt.clone()),
         tools,
         sampling,
-        thinking,
-        max_new_tokens: if req.max_new_tokens == 0 {
-            p.max_new_tokens as usize
-        } else {
-            req.max_new_tokens as usize
-        },
         stop: req.stop.clone(),
         use_default_stop: req.use_default_stop,
         deadline: timeout.map(|t| now + t),
+        started: now,
+        ..Turn::new(req.prompt.clone(), max_new_tokens as usize)
+    };
+    Ok(JobPlan {
+        turn,
+        images,
+        session_id: Some(req.session_id.clone()).filter(|s| !s.is_empty()),
     })
 }
 
@@ -183,7 +170,7 @@ fn pick_images(
     ctx: &AskContext,
     max_age: Option<Duration>,
     now: Instant,
-) -> Result<Images, Refusal> {
+) -> Result<Images, Failure> {
     let explicit = !req.images.is_empty() || !req.compressed_images.is_empty();
     let Some(cache) = &ctx.cameras else {
         if explicit {
@@ -218,10 +205,17 @@ fn pick_images(
     cache
         .select(name, max_age, now)
         .map(Images::Camera)
-        .map_err(|e| Refusal {
-            code: e.code(),
-            message: e.to_string(),
-        })
+        .map_err(|e| Failure::new(select_error_code(&e), e.to_string()))
+}
+
+/// An unknown camera is the client's mistake; a missing or old frame is the camera's, and
+/// retrying later may help.
+fn select_error_code(e: &SelectError) -> ErrorCode {
+    match e {
+        SelectError::UnknownCamera { .. } => ErrorCode::InvalidRequest,
+        SelectError::NoCamera | SelectError::NoImage { .. } => ErrorCode::NoImage,
+        SelectError::StaleImage { .. } => ErrorCode::StaleImage,
+    }
 }
 
 /// Handles one Ask request to its response.
@@ -232,36 +226,29 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
     } else {
         req.request_id.clone()
     };
-    let plan = match plan(&req, &ctx, now) {
+    let mut plan = match plan(&req, &ctx, now) {
         Ok(p) => p,
-        Err(r) => {
-            tracing::info!(request_id = %id, code = r.code, "ask refused: {}", r.message);
-            return refusal_response(id, r);
+        Err(f) => {
+            tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
+            return refused(id, f);
         }
     };
     let cancel = match ctx.registry.admit(&id) {
         Ok(c) => c,
         Err(e) => {
             let code = match e {
-                AdmitError::Busy { .. } => error_code::BUSY,
-                AdmitError::DuplicateId(_) => error_code::INVALID_REQUEST,
+                AdmitError::Busy { .. } => ErrorCode::Busy,
+                AdmitError::DuplicateId(_) => ErrorCode::InvalidRequest,
             };
-            tracing::info!(request_id = %id, code, "ask refused: {e}");
-            return refusal_response(
-                id,
-                Refusal {
-                    code,
-                    message: e.to_string(),
-                },
-            );
+            tracing::info!(request_id = %id, code = code.as_str(), "ask refused: {e}");
+            return refused(id, Failure::new(code, e.to_string()));
         }
     };
+    plan.turn.cancel = Some(cancel);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
         id: id.clone(),
         plan,
-        arrived: now,
-        cancel,
         respond: tx,
     };
     let sent = ctx
@@ -274,23 +261,20 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
         });
     if sent.is_err() {
         ctx.registry.remove(&id);
-        return refusal_response(
+        return refused(
             id,
-            Refusal {
-                code: error_code::NOT_READY,
-                message: "the engine is shutting down".into(),
-            },
+            Failure::new(ErrorCode::NotReady, "the engine is shutting down"),
         );
     }
     tracing::debug!(request_id = %id, "ask queued");
     match rx.await {
         Ok(r) => r,
-        Err(_) => refusal_response(
+        Err(_) => refused(
             id,
-            Refusal {
-                code: error_code::BACKEND_ERROR,
-                message: "the engine stopped before answering".into(),
-            },
+            Failure::new(
+                ErrorCode::BackendError,
+                "the engine stopped before answering",
+            ),
         ),
     }
 }
@@ -307,6 +291,43 @@ pub fn cancel(req: &Cancel::Request, registry: &Registry) -> Cancel::Response {
         Cancel::Response {
             success: false,
             message: format!("no queued or running request has id {:?}", req.request_id),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn camera_selection_errors_map_to_the_interface_codes() {
+        let cases = [
+            (
+                SelectError::UnknownCamera {
+                    name: "/nope".into(),
+                },
+                "invalid_request",
+            ),
+            (SelectError::NoCamera, "no_image"),
+            (
+                SelectError::NoImage {
+                    topic: "/image_raw".into(),
+                },
+                "no_image",
+            ),
+            (
+                SelectError::StaleImage {
+                    topic: "/image_raw".into(),
+                    age: Duration::from_secs(3),
+                    max_age: Duration::from_secs(2),
+                },
+                "stale_image",
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(select_error_code(&e).as_str(), code, "{e}");
         }
     }
 }

@@ -73,7 +73,6 @@ pub async fn drain(
     topic: String,
     mut msgs: impl Stream<Item = CameraMsg> + Unpin,
     cache: Arc<CameraCache>,
-    logger: String,
 ) {
     let limits = Limits::default();
     while let Some(msg) = msgs.next().await {
@@ -90,13 +89,6 @@ pub async fn drain(
                     rejected_total = w.rejected_total,
                     "camera frame rejected (the previous frame is kept): {}",
                     w.error
-                );
-                r2r::log_warn!(
-                    &logger,
-                    "camera frame on {} rejected, previous frame kept: {} ({} rejected so far)",
-                    w.topic,
-                    w.error,
-                    w.rejected_total
                 );
             }
             Err(e) => tracing::error!(error = %e, "camera message for an unconfigured topic"),

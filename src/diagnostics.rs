@@ -1,7 +1,7 @@
 //! `/diagnostics` (diagnostic_msgs/DiagnosticArray) at the configured period: model, backend,
 //! state, queue depth, requests served/failed, last TTFT and tok/s, sessions, simulator
-//! counters. Also warns (log and `/rosout`) when a camera topic has publishers but no frame
-//! has arrived for a while, naming the usual causes.
+//! counters. Also warns (log and so `/rosout`) when a camera topic has publishers but no
+//! frame has arrived for a while, naming the usual causes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,13 +12,14 @@ use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
 use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
 
-use crate::engine::{EngineState, SharedStats};
+use crate::clock;
 use crate::node::NodeOps;
 use crate::registry::Registry;
+use crate::worker::{SharedStats, WorkerState};
 
 pub const TOPIC: &str = "/diagnostics";
 
-/// Name of the status entry.
+/// Name of the status entry (an interface name: monitors match it).
 pub const STATUS_NAME: &str = "vlm_node: engine";
 
 /// A camera topic silent this long (with publishers) is warned about.
@@ -36,7 +37,6 @@ pub struct Diagnostics {
     pub registry: Arc<Registry>,
     pub cameras: Option<Arc<CameraCache>>,
     pub ops: NodeOps,
-    pub logger: String,
 }
 
 fn kv(key: &str, value: impl ToString) -> KeyValue {
@@ -54,14 +54,17 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
         .map(|g| g.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
     let (level, message) = match &s.state {
-        EngineState::Failed(e) => (ERROR, format!("model failed to load: {e}")),
-        EngineState::Loading => (OK, "loading".to_owned()),
+        WorkerState::Failed(e) => (ERROR, format!("model failed to load: {e}")),
+        WorkerState::Loading => (OK, "loading".to_owned()),
         st => (OK, st.as_str().to_owned()),
     };
     let mut values = vec![
         kv("state", s.state.as_str()),
         kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
-        kv("backend", s.model.as_ref().map_or("", |m| m.backend.as_str())),
+        kv(
+            "backend",
+            s.model.as_ref().map_or("", |m| m.backend.as_str()),
+        ),
         kv(
             "model_dir",
             s.model
@@ -104,19 +107,6 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
     }
 }
 
-fn now_header() -> Header {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Header {
-        stamp: r2r::builtin_interfaces::msg::Time {
-            sec: i32::try_from(d.as_secs()).unwrap_or(i32::MAX),
-            nanosec: d.subsec_nanos(),
-        },
-        frame_id: String::new(),
-    }
-}
-
 /// Publishes until the task is aborted.
 pub async fn run(d: Diagnostics, period: Duration) {
     let mut tick = tokio::time::interval(period);
@@ -124,14 +114,17 @@ pub async fn run(d: Diagnostics, period: Duration) {
     loop {
         tick.tick().await;
         let msg = DiagnosticArray {
-            header: now_header(),
+            header: Header {
+                stamp: clock::now(),
+                frame_id: String::new(),
+            },
             status: vec![status(&d)],
         };
         if let Err(e) = d.publisher.publish(&msg) {
             tracing::debug!(error = %e, "could not publish diagnostics");
         }
         if let Some(c) = &d.cameras {
-            silent_cameras(&d.ops, &d.logger, c, &mut watch).await;
+            silent_cameras(&d.ops, c, &mut watch).await;
         }
     }
 }
@@ -145,7 +138,7 @@ struct SilentWatch {
     warned: HashMap<Arc<str>, Instant>,
 }
 
-async fn silent_cameras(ops: &NodeOps, logger: &str, c: &CameraCache, watch: &mut SilentWatch) {
+async fn silent_cameras(ops: &NodeOps, c: &CameraCache, watch: &mut SilentWatch) {
     let now = Instant::now();
     let silent_now = c.silent_topics(now, SILENT_CAMERA);
     watch
@@ -187,6 +180,5 @@ async fn silent_cameras(ops: &NodeOps, logger: &str, c: &CameraCache, watch: &mu
             silent.as_secs_f64()
         );
         tracing::warn!("{text}");
-        r2r::log_warn!(logger, "{}", text);
     }
 }

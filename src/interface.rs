@@ -2,28 +2,61 @@
 //!
 //! r2r 0.9 exposes IDL string constants as NUL-terminated byte arrays and integer constants
 //! as bindgen enums, which are awkward to compare with message fields. These are the same
-//! values as plain `&str`/`i8`; the root tests check them against the generated ones.
+//! values as Rust types; the root tests check them against the generated ones. Finish
+//! reasons are the runtime's `vlm::stream::FinishReason`, whose `as_str` gives the values of
+//! `Token.FINISH_*`.
 
-/// Values of `Token.finish_reason`, `Answer.finish_reason` and `Ask.Response.finish_reason`.
-pub mod finish_reason {
-    pub const STOP: &str = "stop";
-    pub const LENGTH: &str = "length";
-    pub const CANCELLED: &str = "cancelled";
-    pub const TIMEOUT: &str = "timeout";
-    pub const ERROR: &str = "error";
+use std::fmt;
+
+/// Why a request did not complete: `Ask.Response.error_code`, one of its `ERROR_*` values.
+/// The node passes this type around and turns it into text only when it fills a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    Busy,
+    NotReady,
+    NoImage,
+    StaleImage,
+    InvalidRequest,
+    ContextOverflow,
+    Cancelled,
+    Timeout,
+    BackendError,
 }
 
-/// Values of `Ask.Response.error_code`.
-pub mod error_code {
-    pub const BUSY: &str = "busy";
-    pub const NOT_READY: &str = "not_ready";
-    pub const NO_IMAGE: &str = "no_image";
-    pub const STALE_IMAGE: &str = "stale_image";
-    pub const INVALID_REQUEST: &str = "invalid_request";
-    pub const CONTEXT_OVERFLOW: &str = "context_overflow";
-    pub const CANCELLED: &str = "cancelled";
-    pub const TIMEOUT: &str = "timeout";
-    pub const BACKEND_ERROR: &str = "backend_error";
+impl ErrorCode {
+    /// Every code, in the order `Ask.srv` declares them.
+    pub const ALL: [Self; 9] = [
+        Self::Busy,
+        Self::NotReady,
+        Self::NoImage,
+        Self::StaleImage,
+        Self::InvalidRequest,
+        Self::ContextOverflow,
+        Self::Cancelled,
+        Self::Timeout,
+        Self::BackendError,
+    ];
+
+    /// The wire value (`Ask.Response.ERROR_*`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Busy => "busy",
+            Self::NotReady => "not_ready",
+            Self::NoImage => "no_image",
+            Self::StaleImage => "stale_image",
+            Self::InvalidRequest => "invalid_request",
+            Self::ContextOverflow => "context_overflow",
+            Self::Cancelled => "cancelled",
+            Self::Timeout => "timeout",
+            Self::BackendError => "backend_error",
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Values of `Ask.Request.enable_thinking`.

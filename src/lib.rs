@@ -2,24 +2,39 @@
 //! `bpu_vlm_msgs/Token` on `/vlm/tokens`, publishes finished `Answer`s on `/vlm/answers` and
 //! stops requests through `/vlm/cancel`.
 //!
-//! This crate holds ROS plumbing only: no model math and no FFI (those live in the `vlm`
-//! engine crates). A frame's way to a token: [`cameras`] caches the latest valid frame per
-//! topic → [`ask`] validates a request, picks its image and queues it ([`registry`]) →
-//! [`engine`] (the one thread that owns the model) answers it through
-//! `vlm::assistant` and publishes each delta → [`node`] wires the entities, threads and
-//! shutdown; [`params`] and [`diagnostics`] around them; [`embedded`] is the default model.
+//! This crate holds ROS plumbing only: no model math and no FFI (those live in `vlm` and
+//! `vlm-bpu`). A frame's way to a token:
+//! 1. [`cameras`] validates each camera message into the latest-frame cache;
+//! 2. [`ask`] checks a request against [`params`], picks its image and builds the job
+//!    ([`job`]: a `vlm::assistant::Turn` plus the image choice and session), admits it
+//!    ([`registry`]) and queues it;
+//! 3. [`worker`], the one thread that owns the model, converts the frame to RGB, continues the
+//!    conversation from [`sessions`] and asks `vlm::assistant`, publishing each delta through
+//!    [`token_sink`];
+//! 4. the request ends in one [`outcome`], from which the last Token, the `Answer` and the
+//!    `/ask` response are filled; error codes are [`interface::ErrorCode`] and finish
+//!    reasons `vlm::stream::FinishReason` until then.
+//!
+//! [`node`] creates the entities, threads and shutdown; [`diagnostics`] reports on
+//! `/diagnostics`; [`rosout`] sends warnings to `/rosout`; [`embedded`] is the default model.
 #![forbid(unsafe_code)]
 
 pub mod ask;
 pub mod cameras;
+pub mod clock;
 pub mod diagnostics;
 pub mod embedded;
-pub mod engine;
 pub mod interface;
+pub mod job;
 pub mod names;
 pub mod node;
+pub mod outcome;
 pub mod params;
 pub mod registry;
+pub mod rosout;
+pub mod sessions;
+pub mod token_sink;
+pub mod worker;
 
 /// The generated interface types of `msg/` (package `bpu_vlm_msgs`).
 pub use r2r::bpu_vlm_msgs as msgs;

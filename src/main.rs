@@ -1,18 +1,24 @@
-//! `vlm_node`: the bpu_vlm ROS 2 node. Reads its parameters, opens the model on an engine
+//! `vlm_node`: the bpu_vlm ROS 2 node. Reads its parameters, opens the model on a worker
 //! thread, serves `/ask` once it is warm, and exits cleanly on SIGINT or SIGTERM. ROS
 //! arguments (`--ros-args ...`) are read by rcl from the command line. Logs go to stderr
-//! through `tracing` (`RUST_LOG`, default `info`).
+//! through `tracing` (`RUST_LOG`, default `info`); warnings and errors also go to `/rosout`
+//! under the node's name, whatever `RUST_LOG` says.
 
 use anyhow::Context as _;
+use bpu_vlm::rosout::{self, RosoutTarget};
 use tokio::signal::unix::{signal, SignalKind};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+    let rosout_target = RosoutTarget::default();
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(rosout::layer(rosout_target.clone()))
         .init();
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -20,10 +26,10 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("building the tokio runtime")?;
-    runtime.block_on(run())
+    runtime.block_on(run(rosout_target))
 }
 
-async fn run() -> anyhow::Result<()> {
+async fn run(rosout_target: RosoutTarget) -> anyhow::Result<()> {
     // Install the handlers before any ROS entity exists, so an early signal still drains.
     let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -37,7 +43,7 @@ async fn run() -> anyhow::Result<()> {
         };
         tracing::info!("{name} received");
     };
-    bpu_vlm::node::run(ctx, shutdown)
+    bpu_vlm::node::run(ctx, shutdown, &rosout_target)
         .await
         .context("running vlm_node")
 }

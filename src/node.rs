@@ -1,14 +1,14 @@
-//! Entity creation, the spin thread, the engine thread and orderly shutdown.
+//! Entity creation, the spin thread, the worker thread and orderly shutdown.
 //!
 //! Start-up order:
 //! 1. node, parameters, publishers, camera subscriptions and `/vlm/cancel` are created on the
 //!    caller's thread; one `ros-spin` thread then owns the `r2r::Node` (later node operations
 //!    run on it through [`NodeOps`]);
-//! 2. the `vlm-engine` thread opens the model and warms it up (diagnostics say `loading`);
+//! 2. the `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
 //! 3. only then is `/ask` created, so a client that sees the service can be answered.
 //!
 //! Shutdown (SIGINT/SIGTERM): every live request is cancelled (each gets its `last` Token
-//! and a `cancelled` response), the queue is closed, the engine thread releases the model
+//! and a `cancelled` response), the queue is closed, the worker thread releases the model
 //! (BPU handles), then the spin thread drops the node (DDS entities finalised).
 
 use std::collections::HashMap;
@@ -28,12 +28,16 @@ use crate::ask::{self, AskContext};
 use crate::cameras::{self, CameraMsg};
 use crate::diagnostics;
 use crate::embedded;
-use crate::engine::{self, EngineConfig, EngineStats, Outputs, SharedStats};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
 use crate::params::{BackendChoice, Params};
 use crate::registry::Registry;
+use crate::rosout::RosoutTarget;
+use crate::worker::{self, Outputs, SharedStats, WorkerConfig, WorkerStats};
+
+/// Name of the thread that owns the model.
+const WORKER_THREAD: &str = "vlm-worker";
 
 /// How long one `spin_once` may wait; bounds how fast the spin thread notices a stop or a
 /// queued node operation. The wait set wakes on any event, so messages are not delayed.
@@ -184,14 +188,18 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
 }
 
 /// Creates, runs and stops the node; returns when `shutdown` completes (or the model fails
-/// to load).
-pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+/// to load). Warnings go to `/rosout` through `rosout` from the node's creation on.
+pub async fn run(
+    ctx: r2r::Context,
+    shutdown: impl Future<Output = ()>,
+    rosout: &RosoutTarget,
+) -> Result<(), NodeError> {
     let mut node = ros(
         || format!("create node {NODE_NAME:?}"),
         r2r::Node::create(ctx, NODE_NAME, ""),
     )?;
+    rosout.attach(node.logger());
     let params = read_params(&mut node)?;
-    let logger = node.logger().to_owned();
     tracing::info!(?params, "parameters");
 
     let tokens = ros(
@@ -237,7 +245,6 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
                 t.clone(),
                 s.map(CameraMsg::Raw),
                 cache.clone(),
-                logger.clone(),
             )));
         }
         for t in &params.compressed_image_topics {
@@ -249,7 +256,6 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
                 t.clone(),
                 s.map(CameraMsg::Compressed),
                 cache.clone(),
-                logger.clone(),
             )));
         }
         Some(cache)
@@ -259,7 +265,7 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
 
     let (spin, ops) = SpinThread::start(node)?;
     let registry = Arc::new(Registry::new(params.queue_depth));
-    let stats: SharedStats = Arc::new(Mutex::new(EngineStats::default()));
+    let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
     tasks.push(tokio::spawn({
         let registry = registry.clone();
         let mut cancels = cancels;
@@ -279,25 +285,24 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
             registry: registry.clone(),
             cameras: cameras.clone(),
             ops: ops.clone(),
-            logger: logger.clone(),
         },
         Duration::from_secs_f64(params.diagnostics_period_s),
     )));
 
     let (job_tx, job_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let engine_thread = {
+    let worker_thread = {
         let p = params.clone();
         let registry = registry.clone();
         let stats = stats.clone();
         let outputs = Outputs { tokens, answers };
-        let config = EngineConfig {
+        let config = WorkerConfig {
             session_memory_bytes: p.session_memory_bytes,
             session_idle: Duration::from_secs_f64(p.session_idle_s),
             warm_up_system: p.system_prompt.clone(),
         };
         std::thread::Builder::new()
-            .name("vlm-engine".to_owned())
+            .name(WORKER_THREAD.to_owned())
             .spawn(move || {
                 let open = || {
                     let source = model_source(&p).map_err(|reason| {
@@ -313,14 +318,14 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
                     opts.bpu.priority = p.bpu_priority;
                     open_assistant(&source, &opts)
                 };
-                engine::run(open, config, job_rx, outputs, registry, stats, ready_tx);
+                worker::run(open, config, job_rx, outputs, registry, stats, ready_tx);
             })
-            .map_err(|e| NodeError::Thread("vlm-engine", e))?
+            .map_err(|e| NodeError::Thread(WORKER_THREAD, e))?
     };
 
     tokio::pin!(shutdown);
     let loaded = tokio::select! {
-        r = ready_rx => Some(r.unwrap_or_else(|_| Err("the engine thread stopped".into()))),
+        r = ready_rx => Some(r.unwrap_or_else(|_| Err("the worker thread stopped".into()))),
         () = &mut shutdown => None,
     };
     let ask_ctx = Arc::new(AskContext {
@@ -342,14 +347,7 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
             let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
             tasks.push(tokio::spawn(serve_ask(asks, ask_ctx.clone())));
             tracing::info!(
-                model = %info.name,
-                backend = %info.backend,
-                ask = %params.ask_service,
                 tokens = %params.tokens_topic,
-                "vlm_node is ready"
-            );
-            r2r::log_info!(
-                &logger,
                 "vlm_node ready: model {} on {}, service {}",
                 info.name,
                 info.backend,
@@ -359,24 +357,23 @@ pub async fn run(ctx: r2r::Context, shutdown: impl Future<Output = ()>) -> Resul
         }
         Some(Err(e)) => {
             tracing::error!("the model could not be loaded: {e}");
-            r2r::log_error!(&logger, "the model could not be loaded: {}", e);
             result = Err(NodeError::Model(e));
         }
         None => tracing::info!("shutdown requested while loading"),
     }
 
     tracing::info!("shutting down: cancelling live requests, releasing the model, finalising ROS");
-    // Closing the queue first: nothing is admitted after the cancel below. The engine loop
+    // Closing the queue first: nothing is admitted after the cancel below. The worker loop
     // ends once the (cancelled) jobs are answered.
     ask_ctx.close();
     let live = registry.cancel_all();
     if live > 0 {
         tracing::info!(live, "cancelled live requests");
     }
-    let joined = tokio::task::spawn_blocking(move || engine_thread.join())
+    let joined = tokio::task::spawn_blocking(move || worker_thread.join())
         .await
-        .map_err(|_| NodeError::Panicked("vlm-engine"))
-        .and_then(|r| r.map_err(|_| NodeError::Panicked("vlm-engine")));
+        .map_err(|_| NodeError::Panicked(WORKER_THREAD))
+        .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
     // Let reliable DDS writers hand over the final Tokens and responses before the entities go.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let spin_result = spin.stop();

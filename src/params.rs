@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use r2r::ParameterValue;
 
@@ -113,6 +114,20 @@ pub struct Params {
 
 /// Upper bound of `max_new_tokens` (a request above it is absurd, not just long).
 pub const MAX_NEW_TOKENS_LIMIT: u32 = 32768;
+
+/// A time limit in seconds outside `0..` (negative, NaN or infinite).
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+#[error("a time limit must be a finite number of seconds >= 0, got {0}")]
+pub struct InvalidLimit(pub f64);
+
+/// A time limit as `max_image_age_s` and `request_timeout_s` (and the request fields that
+/// override them) spell it: seconds, `0` meaning no limit.
+pub fn time_limit(secs: f64) -> Result<Option<Duration>, InvalidLimit> {
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(InvalidLimit(secs));
+    }
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
+}
 
 struct Reader<'a> {
     given: &'a HashMap<String, ParameterValue>,
@@ -449,6 +464,15 @@ mod tests {
             Params::from_values(&given).unwrap_err().name,
             "default_camera"
         );
+    }
+
+    #[test]
+    fn time_limits() {
+        assert_eq!(time_limit(0.0), Ok(None));
+        assert_eq!(time_limit(1.5), Ok(Some(Duration::from_millis(1500))));
+        assert!(time_limit(-1.0).is_err());
+        assert!(time_limit(f64::NAN).is_err());
+        assert!(time_limit(f64::INFINITY).is_err());
     }
 
     /// The value as the YAML file and the README table spell it.

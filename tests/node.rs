@@ -18,9 +18,9 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use vlm::assistant::Turn;
-use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 use common::{peer_report, peer_report_with, repo_root, ros_env, spawn_python};
 

@@ -9,13 +9,14 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context as _};
-use bpu_vlm::interface::{enable_thinking, error_code, finish_reason, idl_str};
+use bpu_vlm::interface::{enable_thinking, idl_str, ErrorCode};
 use bpu_vlm::msgs::msg::Token;
 use bpu_vlm::msgs::srv::{Ask, Cancel};
 use bpu_vlm::node::{tokens_qos, SpinThread};
 use futures::StreamExt;
 use r2r::builtin_interfaces::msg::Time;
 use r2r::QosProfile;
+use vlm::stream::FinishReason;
 
 mod common;
 use common::{peer_report, ros_env, spawn_peer, unique_prefix};
@@ -51,7 +52,7 @@ fn tokens_for(request_id: &str) -> Vec<Token> {
                 reasoning: i < 2,
                 last,
                 finish_reason: if last {
-                    finish_reason::STOP.to_owned()
+                    FinishReason::Stop.as_str().to_owned()
                 } else {
                     String::new()
                 },
@@ -81,7 +82,7 @@ fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask:
             .map(|t| t.text.as_str())
             .collect(),
         tool_calls_json: r#"[{"name":"look","arguments":{"where":"桌子"}}]"#.to_owned(),
-        finish_reason: finish_reason::STOP.to_owned(),
+        finish_reason: FinishReason::Stop.as_str().to_owned(),
         image_source: "request".to_owned(),
         image_stamp: Time {
             sec: 7,
@@ -142,59 +143,74 @@ fn rust_defaults_and_constants_match_the_interface() {
     let codes = [
         (
             Ask::Response::ERROR_BUSY.as_slice(),
-            error_code::BUSY,
+            ErrorCode::Busy.as_str(),
             "busy",
         ),
         (
             Ask::Response::ERROR_NOT_READY,
-            error_code::NOT_READY,
+            ErrorCode::NotReady.as_str(),
             "not_ready",
         ),
         (
             Ask::Response::ERROR_NO_IMAGE,
-            error_code::NO_IMAGE,
+            ErrorCode::NoImage.as_str(),
             "no_image",
         ),
         (
             Ask::Response::ERROR_STALE_IMAGE,
-            error_code::STALE_IMAGE,
+            ErrorCode::StaleImage.as_str(),
             "stale_image",
         ),
         (
             Ask::Response::ERROR_INVALID_REQUEST,
-            error_code::INVALID_REQUEST,
+            ErrorCode::InvalidRequest.as_str(),
             "invalid_request",
         ),
         (
             Ask::Response::ERROR_CONTEXT_OVERFLOW,
-            error_code::CONTEXT_OVERFLOW,
+            ErrorCode::ContextOverflow.as_str(),
             "context_overflow",
         ),
         (
             Ask::Response::ERROR_CANCELLED,
-            error_code::CANCELLED,
+            ErrorCode::Cancelled.as_str(),
             "cancelled",
         ),
-        (Ask::Response::ERROR_TIMEOUT, error_code::TIMEOUT, "timeout"),
+        (
+            Ask::Response::ERROR_TIMEOUT,
+            ErrorCode::Timeout.as_str(),
+            "timeout",
+        ),
         (
             Ask::Response::ERROR_BACKEND_ERROR,
-            error_code::BACKEND_ERROR,
+            ErrorCode::BackendError.as_str(),
             "backend_error",
         ),
-        (Token::FINISH_STOP, finish_reason::STOP, "stop"),
-        (Token::FINISH_LENGTH, finish_reason::LENGTH, "length"),
+        (Token::FINISH_STOP, FinishReason::Stop.as_str(), "stop"),
+        (
+            Token::FINISH_LENGTH,
+            FinishReason::Length.as_str(),
+            "length",
+        ),
         (
             Token::FINISH_CANCELLED,
-            finish_reason::CANCELLED,
+            FinishReason::Cancelled.as_str(),
             "cancelled",
         ),
-        (Token::FINISH_TIMEOUT, finish_reason::TIMEOUT, "timeout"),
-        (Token::FINISH_ERROR, finish_reason::ERROR, "error"),
+        (
+            Token::FINISH_TIMEOUT,
+            FinishReason::Timeout.as_str(),
+            "timeout",
+        ),
+        (Token::FINISH_ERROR, FinishReason::Error.as_str(), "error"),
     ];
     for (generated, ours, documented) in codes {
         assert_eq!(idl_str(generated), Some(documented));
         assert_eq!(ours, documented);
     }
+    // The list above names every error code the node has.
+    let listed: Vec<&str> = codes[..ErrorCode::ALL.len()].iter().map(|c| c.1).collect();
+    assert_eq!(listed, ErrorCode::ALL.map(ErrorCode::as_str));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,8 @@
 //! Latest valid frame per camera topic, and the choice of frame for an ask.
 //!
 //! Pure logic with no ROS: the node's per-topic tasks call [`CameraCache::record`] for each
-//! message, the engine side calls [`CameraCache::select`]. Times are passed in (`now`) so the
-//! rules are testable; the node passes `Instant::now()`.
+//! message, its ask handler calls [`CameraCache::select`]. Times are passed in (`now`) so
+//! the rules are testable; the node passes `Instant::now()`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -81,35 +81,11 @@ pub enum SelectError {
     },
 }
 
-impl SelectError {
-    /// The node's `error_code` for this failure.
-    pub fn code(&self) -> &'static str {
-        match self {
-            Self::UnknownCamera { .. } => "invalid_request",
-            Self::NoCamera | Self::NoImage { .. } => "no_image",
-            Self::StaleImage { .. } => "stale_image",
-        }
-    }
-}
-
 /// `record` was called for a topic the cache was not configured with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("topic {topic:?} is not a configured camera topic")]
 pub struct UnknownTopic {
     pub topic: String,
-}
-
-/// `max_image_age_s` outside `0..` (negative, NaN or infinite).
-#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("max_image_age_s must be a finite number >= 0, got {0}")]
-pub struct InvalidMaxAge(pub f64);
-
-/// Turns the `max_image_age_s` parameter into a limit: `0` means no limit.
-pub fn max_age_from_secs(secs: f64) -> Result<Option<Duration>, InvalidMaxAge> {
-    if !secs.is_finite() || secs < 0.0 {
-        return Err(InvalidMaxAge(secs));
-    }
-    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
 }
 
 /// A rejection the node should log now (at most one per topic per `warn_interval`).
@@ -454,7 +430,12 @@ mod tests {
         let t0 = Instant::now();
         let c = cache(t0);
         let e = c.select(Some("/nope"), None, t0).unwrap_err();
-        assert_eq!(e.code(), "invalid_request");
+        assert_eq!(
+            e,
+            SelectError::UnknownCamera {
+                name: "/nope".into()
+            }
+        );
         let e = c.select(None, None, t0).unwrap_err();
         assert_eq!(
             e,
@@ -462,7 +443,6 @@ mod tests {
                 topic: "/image_raw".into()
             }
         );
-        assert_eq!(e.code(), "no_image");
         c.record("/image_raw/compressed", Ok(frame(9)), Stamp::default(), t0)
             .unwrap();
         // Relative name resolves to the absolute topic.
@@ -473,7 +453,6 @@ mod tests {
         let e = c
             .select(Some("/image_raw/compressed"), Some(S(2)), t0 + S(3))
             .unwrap_err();
-        assert_eq!(e.code(), "stale_image");
         assert_eq!(
             e,
             SelectError::StaleImage {
@@ -525,18 +504,6 @@ mod tests {
             CameraCache::new(cfg(&[""], None), t0).unwrap_err(),
             CacheConfigError::EmptyTopic
         );
-    }
-
-    #[test]
-    fn max_age_parameter() {
-        assert_eq!(max_age_from_secs(0.0), Ok(None));
-        assert_eq!(
-            max_age_from_secs(1.5),
-            Ok(Some(Duration::from_millis(1500)))
-        );
-        assert!(max_age_from_secs(-1.0).is_err());
-        assert!(max_age_from_secs(f64::NAN).is_err());
-        assert!(max_age_from_secs(f64::INFINITY).is_err());
     }
 
     #[test]

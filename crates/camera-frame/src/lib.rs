@@ -34,8 +34,8 @@ mod mjpeg;
 mod validate;
 
 pub use cache::{
-    max_age_from_secs, CacheConfig, CacheConfigError, CachedFrame, CameraCache, InvalidMaxAge,
-    RejectWarning, SelectError, Stamp, TopicStats, UnknownTopic,
+    CacheConfig, CacheConfigError, CachedFrame, CameraCache, RejectWarning, SelectError, Stamp,
+    TopicStats, UnknownTopic,
 };
 pub use convert::yuv_to_rgb;
 pub use encoding::{parse_compressed_format, Codec, CompressedFormat, Encoding, PixelFormat};

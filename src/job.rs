@@ -1,0 +1,111 @@
+//! An admitted request as the worker takes it: the chat turn to ask, where its images come
+//! from, its conversation and the channel its response goes back on.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use camera_frame::{CachedFrame, Frame, Stamp};
+use vlm::assistant::Turn;
+use vlm::engine::ImageInput;
+use vlm::vision::RgbImage;
+
+use crate::interface::ErrorCode;
+use crate::msgs::srv::Ask;
+use crate::outcome::Failure;
+
+/// Where the images of an ask come from.
+#[derive(Clone)]
+pub enum Images {
+    None,
+    /// Frames sent in the request (validated on arrival).
+    Request(Vec<Frame>),
+    /// The latest frame of a camera topic.
+    Camera(CachedFrame),
+}
+
+/// The image an answer reports (`image_source`, `image_stamp`, the header's `frame_id`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageOrigin {
+    /// A camera topic, `request`, or empty for a text-only ask.
+    pub source: String,
+    /// The camera frame's header stamp; zero for request images and text-only asks.
+    pub stamp: Stamp,
+}
+
+impl Images {
+    pub fn origin(&self) -> ImageOrigin {
+        match self {
+            Self::None => ImageOrigin::default(),
+            Self::Request(_) => ImageOrigin {
+                source: "request".to_owned(),
+                stamp: Stamp::default(),
+            },
+            Self::Camera(c) => ImageOrigin {
+                source: c.topic.to_string(),
+                stamp: c.stamp,
+            },
+        }
+    }
+
+    /// Converts the frames to RGB for the model. This is the costly part of an image, so it
+    /// runs on the worker when the job's turn comes, not when the request arrives.
+    pub fn to_inputs(&self) -> Result<Vec<ImageInput>, Failure> {
+        match self {
+            Self::None => Ok(Vec::new()),
+            Self::Request(frames) => frames
+                .iter()
+                .enumerate()
+                .map(|(i, f)| {
+                    to_rgb(f).map_err(|e| {
+                        Failure::new(ErrorCode::InvalidRequest, format!("request image {i}: {e}"))
+                    })
+                })
+                .collect(),
+            Self::Camera(c) => Ok(vec![to_rgb(&c.frame).map_err(|e| {
+                Failure::new(
+                    ErrorCode::NoImage,
+                    format!("the latest frame on {} cannot be decoded: {e}", c.topic),
+                )
+            })?]),
+        }
+    }
+}
+
+fn to_rgb(frame: &Frame) -> Result<ImageInput, String> {
+    let img = frame.to_rgb8().map_err(|e| e.to_string())?;
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    RgbImage::new(w, h, img.into_raw())
+        .map(ImageInput::Rgb)
+        .map_err(|e| e.to_string())
+}
+
+/// A validated request: the turn for the assistant, whose images stay empty until
+/// [`Images::to_inputs`] fills them on the worker, and what only the node knows about it.
+pub struct JobPlan {
+    pub turn: Turn,
+    pub images: Images,
+    /// The conversation to continue and park the answer in; `None` = a fresh one, dropped.
+    pub session_id: Option<String>,
+}
+
+/// An admitted request, ready for the worker. Its cancel flag, deadline and arrival time
+/// are the turn's (`cancel`, `deadline`, `started`).
+pub struct Job {
+    pub id: String,
+    pub plan: JobPlan,
+    pub respond: tokio::sync::oneshot::Sender<Ask::Response>,
+}
+
+impl Job {
+    pub fn is_cancelled(&self) -> bool {
+        self.plan
+            .turn
+            .cancel
+            .as_ref()
+            .is_some_and(|c| c.load(Ordering::Acquire))
+    }
+
+    pub fn is_past_deadline(&self, now: Instant) -> bool {
+        self.plan.turn.deadline.is_some_and(|d| now >= d)
+    }
+}

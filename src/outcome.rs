@@ -1,0 +1,346 @@
+//! How a request ended, and the messages that say so. An admitted request ends in one
+//! [`Outcome`]; its last Token's finish reason, its `Answer` and its `Ask` response are all
+//! read from that value, so the three cannot disagree. A request refused before admission
+//! gets its response from [`refused`]. Every `Ask::Response` the node sends is built in this
+//! file, and error codes and finish reasons become strings only here.
+
+use r2r::std_msgs::msg::Header;
+use serde_json::Value;
+use vlm::assistant::AssistantError;
+use vlm::engine::EngineError;
+use vlm::stream::{Completion, FinishReason};
+
+use crate::clock;
+use crate::interface::ErrorCode;
+use crate::job::ImageOrigin;
+use crate::msgs::msg::Answer;
+use crate::msgs::srv::Ask;
+
+/// Why a request did not complete: the response's `error_code` and `error_message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// An assistant error as the client sees it: its code says whether retrying the same
+    /// request can help.
+    pub fn from_assistant(e: &AssistantError) -> Self {
+        Self::new(classify(e), e.to_string())
+    }
+}
+
+fn classify(e: &AssistantError) -> ErrorCode {
+    match e {
+        AssistantError::Engine(EngineError::ContextOverflow { .. }) => ErrorCode::ContextOverflow,
+        AssistantError::Turn(_)
+        | AssistantError::Engine(
+            EngineError::NoVision | EngineError::Image { .. } | EngineError::Vision(_),
+        ) => ErrorCode::InvalidRequest,
+        _ => ErrorCode::BackendError,
+    }
+}
+
+/// The response to a request that was never admitted (no Token, no Answer). Its
+/// `finish_reason` stays empty: generation never started.
+pub fn refused(request_id: String, failure: Failure) -> Ask::Response {
+    Ask::Response {
+        success: false,
+        error_code: failure.code.as_str().to_owned(),
+        error_message: failure.message,
+        request_id,
+        ..Default::default()
+    }
+}
+
+/// How an admitted request ended.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    request_id: String,
+    prompt: String,
+    origin: ImageOrigin,
+    /// What was generated, possibly partial; `None` when generation failed or never started.
+    completion: Option<Completion>,
+    /// `None` when the answer completed (finish reason stop or length).
+    failure: Option<Failure>,
+}
+
+impl Outcome {
+    /// `result` as the worker got it. A completion that ended by cancel or timeout keeps its
+    /// partial text but is a failure for the client.
+    pub fn new(
+        request_id: String,
+        prompt: String,
+        origin: ImageOrigin,
+        result: Result<Completion, Failure>,
+    ) -> Self {
+        let (completion, failure) = match result {
+            Ok(c) => {
+                let failure = match c.finish_reason {
+                    FinishReason::Cancelled => Some(Failure::new(
+                        ErrorCode::Cancelled,
+                        "cancelled while generating",
+                    )),
+                    FinishReason::Timeout => Some(Failure::new(
+                        ErrorCode::Timeout,
+                        "the request's time limit elapsed while generating",
+                    )),
+                    _ => None,
+                };
+                (Some(c), failure)
+            }
+            Err(f) => (None, Some(f)),
+        };
+        Self {
+            request_id,
+            prompt,
+            origin,
+            completion,
+            failure,
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    pub fn failure(&self) -> Option<&Failure> {
+        self.failure.as_ref()
+    }
+
+    pub fn completion(&self) -> Option<&Completion> {
+        self.completion.as_ref()
+    }
+
+    /// The generation's own reason when there is one; otherwise the failure's (a job
+    /// cancelled or timed out in the queue reports that, anything else `error`).
+    pub fn finish_reason(&self) -> FinishReason {
+        match (&self.completion, &self.failure) {
+            (Some(c), _) => c.finish_reason,
+            (None, Some(f)) if f.code == ErrorCode::Cancelled => FinishReason::Cancelled,
+            (None, Some(f)) if f.code == ErrorCode::Timeout => FinishReason::Timeout,
+            (None, _) => FinishReason::Error,
+        }
+    }
+
+    /// The counts and texts the Answer and the response share (empty without a completion).
+    pub fn figures(&self) -> Figures {
+        self.completion
+            .as_ref()
+            .map_or_else(Figures::default, Figures::of)
+    }
+
+    /// The message for `/vlm/answers`, stamped now.
+    pub fn answer(&self) -> Answer {
+        let f = self.figures();
+        Answer {
+            header: Header {
+                stamp: clock::now(),
+                frame_id: self.origin.source.clone(),
+            },
+            request_id: self.request_id.clone(),
+            prompt: self.prompt.clone(),
+            answer: f.text,
+            reasoning: f.reasoning,
+            tool_calls_json: f.tool_calls_json,
+            image_source: self.origin.source.clone(),
+            image_stamp: clock::time(self.origin.stamp),
+            finish_reason: self.finish_reason().as_str().to_owned(),
+            prompt_tokens: f.prompt_tokens,
+            completion_tokens: f.completion_tokens,
+            ttft_s: f.ttft_s,
+            decode_tokens_per_s: f.decode_tokens_per_s,
+        }
+    }
+
+    /// The `/ask` response.
+    pub fn response(&self) -> Ask::Response {
+        let f = self.figures();
+        let (error_code, error_message) =
+            self.failure.as_ref().map_or_else(Default::default, |x| {
+                (x.code.as_str().to_owned(), x.message.clone())
+            });
+        Ask::Response {
+            success: self.succeeded(),
+            error_code,
+            error_message,
+            request_id: self.request_id.clone(),
+            answer: f.text,
+            reasoning: f.reasoning,
+            tool_calls_json: f.tool_calls_json,
+            finish_reason: self.finish_reason().as_str().to_owned(),
+            image_source: self.origin.source.clone(),
+            image_stamp: clock::time(self.origin.stamp),
+            prompt_tokens: f.prompt_tokens,
+            completion_tokens: f.completion_tokens,
+            ttft_s: f.ttft_s,
+            decode_tokens_per_s: f.decode_tokens_per_s,
+        }
+    }
+}
+
+/// A completion's texts and numbers in the message fields' types.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Figures {
+    pub text: String,
+    pub reasoning: String,
+    /// The tool calls as a JSON array; empty when there are none.
+    pub tool_calls_json: String,
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    /// 0 when no token was sampled.
+    pub ttft_s: f64,
+    /// 0 when fewer than two tokens were sampled.
+    pub decode_tokens_per_s: f64,
+}
+
+impl Figures {
+    pub fn of(c: &Completion) -> Self {
+        let calls: Vec<Value> = c.tool_calls.iter().map(|t| t.to_json()).collect();
+        Self {
+            text: c.text.clone(),
+            reasoning: c.reasoning.clone(),
+            tool_calls_json: if calls.is_empty() {
+                String::new()
+            } else {
+                Value::Array(calls).to_string()
+            },
+            prompt_tokens: saturate(c.timings.prompt_tokens),
+            completion_tokens: saturate(c.timings.completion_tokens),
+            ttft_s: c.timings.ttft.map_or(0.0, |d| d.as_secs_f64()),
+            decode_tokens_per_s: c.timings.decode_tokens_per_s.unwrap_or(0.0),
+        }
+    }
+}
+
+fn saturate(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use camera_frame::Stamp;
+    use vlm::stream::Timings;
+
+    use super::*;
+
+    fn completion(finish_reason: FinishReason) -> Completion {
+        Completion {
+            text: "an apple".into(),
+            reasoning: "round, red".into(),
+            tool_calls: Vec::new(),
+            invalid_tool_calls: Vec::new(),
+            finish_reason,
+            tokens: vec![1, 2, 3],
+            timings: Timings {
+                prompt_tokens: 120,
+                completion_tokens: 3,
+                ttft: Some(Duration::from_millis(250)),
+                decode_tokens_per_s: Some(12.5),
+                total: Duration::from_millis(400),
+            },
+        }
+    }
+
+    fn outcome(result: Result<Completion, Failure>) -> Outcome {
+        let origin = ImageOrigin {
+            source: "/image_raw".into(),
+            stamp: Stamp { sec: 7, nanosec: 9 },
+        };
+        Outcome::new("req-1".into(), "what is this?".into(), origin, result)
+    }
+
+    #[test]
+    fn answer_and_response_carry_the_same_outcome() {
+        let o = outcome(Ok(completion(FinishReason::Stop)));
+        let (a, r) = (o.answer(), o.response());
+        assert!(r.success && o.succeeded());
+        assert_eq!((r.error_code.as_str(), r.error_message.as_str()), ("", ""));
+        assert_eq!(
+            (a.answer.as_str(), r.answer.as_str()),
+            ("an apple", "an apple")
+        );
+        assert_eq!(a.reasoning, r.reasoning);
+        assert_eq!(a.tool_calls_json, "");
+        assert_eq!(
+            (a.finish_reason.as_str(), r.finish_reason.as_str()),
+            ("stop", "stop")
+        );
+        assert_eq!((a.prompt_tokens, a.completion_tokens), (120, 3));
+        assert_eq!((r.prompt_tokens, r.completion_tokens), (120, 3));
+        assert_eq!((a.ttft_s, r.ttft_s), (0.25, 0.25));
+        assert_eq!((a.decode_tokens_per_s, r.decode_tokens_per_s), (12.5, 12.5));
+        assert_eq!(
+            (a.image_source.as_str(), a.header.frame_id.as_str()),
+            ("/image_raw", "/image_raw")
+        );
+        assert_eq!((r.image_stamp.sec, r.image_stamp.nanosec), (7, 9));
+        assert_eq!(a.image_stamp, r.image_stamp);
+        assert_eq!(
+            (a.request_id.as_str(), a.prompt.as_str()),
+            ("req-1", "what is this?")
+        );
+    }
+
+    #[test]
+    fn a_stopped_generation_keeps_its_text_and_fails() {
+        let o = outcome(Ok(completion(FinishReason::Cancelled)));
+        let r = o.response();
+        assert!(!r.success);
+        assert_eq!(
+            (r.error_code.as_str(), r.finish_reason.as_str()),
+            ("cancelled", "cancelled")
+        );
+        assert_eq!(r.answer, "an apple");
+        let o = outcome(Ok(completion(FinishReason::Timeout)));
+        assert_eq!(o.failure().map(|f| f.code), Some(ErrorCode::Timeout));
+        assert_eq!(o.answer().finish_reason, "timeout");
+    }
+
+    #[test]
+    fn a_failure_without_text_names_its_finish_reason() {
+        for (code, finish) in [
+            (ErrorCode::Cancelled, FinishReason::Cancelled),
+            (ErrorCode::Timeout, FinishReason::Timeout),
+            (ErrorCode::ContextOverflow, FinishReason::Error),
+            (ErrorCode::BackendError, FinishReason::Error),
+        ] {
+            let o = outcome(Err(Failure::new(code, "why")));
+            assert_eq!(o.finish_reason(), finish);
+            let (a, r) = (o.answer(), o.response());
+            assert_eq!(
+                (r.error_code.as_str(), r.error_message.as_str()),
+                (code.as_str(), "why")
+            );
+            assert_eq!(
+                (a.finish_reason.as_str(), r.finish_reason.as_str()),
+                (finish.as_str(), finish.as_str())
+            );
+            assert_eq!((a.answer.as_str(), a.prompt_tokens, r.ttft_s), ("", 0, 0.0));
+        }
+    }
+
+    #[test]
+    fn a_refusal_has_no_finish_reason() {
+        let r = refused("req-2".into(), Failure::new(ErrorCode::Busy, "full"));
+        assert!(!r.success);
+        assert_eq!(
+            (r.error_code.as_str(), r.error_message.as_str()),
+            ("busy", "full")
+        );
+        assert_eq!(
+            (r.request_id.as_str(), r.finish_reason.as_str()),
+            ("req-2", "")
+        );
+    }
+}
