@@ -13,6 +13,12 @@ pub const TIMING_ENV: &str = "BPU_SIM_TIMING";
 pub const MARCH_ENV: &str = "BPU_SIM_MARCH";
 /// The march of the RDK S100P, which the simulator stands for.
 pub const PLATFORM_MARCH: &str = "nash-m";
+/// Env var: the `virAddr` alignment `hbDNNInferV2` demands of every tensor, in bytes (a power
+/// of two; `1` turns the check off). Default [`DEFAULT_VIR_ALIGN`].
+pub const VIR_ALIGN_ENV: &str = "BPU_SIM_VIRADDR_ALIGN";
+/// Default `virAddr` alignment: no document gives libdnn's number, so the strictest plausible
+/// one, a cache line of the S100's Cortex-A78AE.
+pub const DEFAULT_VIR_ALIGN: u64 = 64;
 
 /// What an injected fault does.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +33,10 @@ pub enum FaultAction {
     Slow(Duration),
     /// The entry point panics (tests the panic boundary: the call returns `HB_UCP_UNKNOWN`).
     Panic,
+    /// Before the call runs, the CPU cache writes back every dirty line of every buffer (bytes
+    /// the CPU wrote and never CLEANed), as hardware may at any moment; the call itself then
+    /// runs normally.
+    Evict,
 }
 
 /// One rule: `action` on calls to `call`, after `skip` unaffected calls, `times` times (None =
@@ -102,7 +112,7 @@ const KNOWN_STATUSES: &[i32] = &[
 
 impl FaultPlan {
     /// Parses `rule;rule…`, rule = `<symbol>:<action>[@<skip>][*<times>]`, action =
-    /// `status=<code>` | `timeout` | `alloc_fail` | `slow=<ms>` | `panic`.
+    /// `status=<code>` | `timeout` | `alloc_fail` | `slow=<ms>` | `panic` | `evict`.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
         let err = |reason: String| ConfigError {
             var: FAULTS_ENV,
@@ -152,6 +162,7 @@ impl FaultPlan {
                 None if action == "timeout" => FaultAction::Timeout,
                 None if action == "alloc_fail" => FaultAction::AllocFail,
                 None if action == "panic" => FaultAction::Panic,
+                None if action == "evict" => FaultAction::Evict,
                 _ => return Err(err(format!("unknown action {action:?}"))),
             };
             rules.push(FaultRule {
@@ -261,7 +272,7 @@ impl TimingModel {
 }
 
 /// Everything configurable about one simulator instance.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
     /// ION carveout size in bytes (`None` = unlimited). Model files and buffers draw from it.
     pub pool_bytes: Option<u64>,
@@ -270,10 +281,26 @@ pub struct SimConfig {
     /// Platform march (`None` = [`PLATFORM_MARCH`]); containers compiled for another are
     /// refused at load with `HB_UCP_MODEL_INCOMPATIBLE`, as hbDNN does.
     pub march: Option<String>,
+    /// Alignment in bytes `hbDNNInferV2` demands of every tensor's `virAddr` (a power of two;
+    /// 1 = any address). Default [`DEFAULT_VIR_ALIGN`]; env [`VIR_ALIGN_ENV`].
+    pub vir_align: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            pool_bytes: None,
+            faults: FaultPlan::default(),
+            timing: None,
+            march: None,
+            vir_align: DEFAULT_VIR_ALIGN,
+        }
+    }
 }
 
 impl SimConfig {
-    /// Reads `BPU_SIM_POOL_MB`, `BPU_SIM_FAULTS`, `BPU_SIM_TIMING`.
+    /// Reads `BPU_SIM_POOL_MB`, `BPU_SIM_FAULTS`, `BPU_SIM_TIMING`, `BPU_SIM_MARCH`,
+    /// `BPU_SIM_VIRADDR_ALIGN`.
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut c = Self::default();
         if let Ok(v) = std::env::var(POOL_ENV) {
@@ -293,6 +320,9 @@ impl SimConfig {
         if let Ok(v) = std::env::var(MARCH_ENV) {
             c.march = Some(v.trim().to_owned());
         }
+        if let Ok(v) = std::env::var(VIR_ALIGN_ENV) {
+            c.vir_align = parse_align(&v)?;
+        }
         Ok(c)
     }
 
@@ -300,6 +330,20 @@ impl SimConfig {
     pub fn platform_march(&self) -> &str {
         self.march.as_deref().unwrap_or(PLATFORM_MARCH)
     }
+}
+
+/// Parses a `virAddr` alignment: a power of two in bytes.
+pub fn parse_align(text: &str) -> Result<u64, ConfigError> {
+    let err = |reason: String| ConfigError {
+        var: VIR_ALIGN_ENV,
+        text: text.to_owned(),
+        reason,
+    };
+    let v = text.trim().parse::<u64>().map_err(|e| err(e.to_string()))?;
+    if !v.is_power_of_two() || v > 1 << 20 {
+        return Err(err("not a power of two in 1..=1048576".into()));
+    }
+    Ok(v)
 }
 
 #[cfg(test)]
@@ -319,6 +363,20 @@ mod tests {
         assert!(FaultPlan::parse("hbFoo:timeout").is_err());
         assert!(FaultPlan::parse("hbUCPSubmitTask:status=-7").is_err());
         assert!(FaultPlan::parse("hbUCPSubmitTask:explode").is_err());
+        let e = FaultPlan::parse("hbUCPSubmitTask:evict@2*1").unwrap();
+        assert_eq!(e.rules[0].action, FaultAction::Evict);
+        assert_eq!((e.rules[0].skip, e.rules[0].times), (2, Some(1)));
+    }
+
+    #[test]
+    fn vir_align_setting() {
+        assert_eq!(SimConfig::default().vir_align, 64);
+        assert_eq!(parse_align("4096").unwrap(), 4096);
+        assert_eq!(parse_align(" 1 ").unwrap(), 1);
+        for bad in ["0", "48", "-64", "x", "2097152"] {
+            let e = parse_align(bad).unwrap_err();
+            assert!(e.to_string().contains(VIR_ALIGN_ENV), "{e}");
+        }
     }
 
     #[test]

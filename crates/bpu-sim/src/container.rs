@@ -84,6 +84,26 @@ pub struct TextParams {
     /// last-row logits are those of the last real row.
     #[serde(default)]
     pub pads: bool,
+    /// Every tensor reports `-1` strides and `alignedByteSize` `-1` (as real graphs may): the
+    /// runtime picks the layout and `hbDNNInferV2` checks it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dynamic_strides: bool,
+    /// S16 logits carry one scale per vocabulary entry (`scaleLen` = vocab, `quantizeAxis` =
+    /// the last axis): a runtime that reads `scale[0]` only gets wrong logits.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub logits_per_axis: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn two() -> usize {
+    2
+}
+
+fn is_two(r: &usize) -> bool {
+    *r == 2
 }
 
 /// Geometry of the vision graph.
@@ -92,6 +112,24 @@ pub struct VisualParams {
     pub image_size: usize,
     pub output: LogitsType,
     pub output_scale: f32,
+    /// Rank of the tower's input and output: 2 (`[n, len]`) or more, with leading 1s.
+    #[serde(default = "two", skip_serializing_if = "is_two")]
+    pub rank: usize,
+    /// As [`TextParams::dynamic_strides`].
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dynamic_strides: bool,
+}
+
+impl GraphKind {
+    /// Whether the graph reports `-1` strides and `alignedByteSize` (the runtime picks the
+    /// layout).
+    pub fn dynamic_strides(&self) -> bool {
+        match self {
+            GraphKind::Qwen35Text(p) => p.dynamic_strides,
+            GraphKind::Visual(p) => p.dynamic_strides,
+            GraphKind::Affine { .. } => false,
+        }
+    }
 }
 
 /// One graph in a container.
@@ -233,6 +271,12 @@ impl Header {
                         return Err(format!(
                             "{}: {side} {i}: shape {:?} strides {:?}",
                             g.name, t.shape, t.strides
+                        ));
+                    }
+                    if g.kind.dynamic_strides() && t.strides.iter().any(|&s| s >= 0) {
+                        return Err(format!(
+                            "{}: {side} {i}: fixed strides {:?} in a graph with dynamic strides",
+                            g.name, t.strides
                         ));
                     }
                     if elem_size(t.dtype).is_none() {

@@ -14,65 +14,13 @@ use sys::{
 };
 
 use crate::config::FaultAction;
-use crate::state::{Sim, SimState, SubTask, Task, TaskState};
+use crate::instance::Sim;
+use crate::state::{SimState, SubTask, Task, TaskState};
+use crate::status::description;
+pub use crate::status::status_name;
 
 /// BPU cores the simulated S100P has.
 const CORES: u32 = 1;
-
-/// Name of a status code (for logs).
-pub fn status_name(code: i32) -> &'static str {
-    match code {
-        sys::HB_UCP_SUCCESS => "HB_UCP_SUCCESS",
-        sys::HB_UCP_INVALID_ARGUMENT => "HB_UCP_INVALID_ARGUMENT",
-        sys::HB_UCP_API_USE_ERROR => "HB_UCP_API_USE_ERROR",
-        sys::HB_UCP_INIT_FAILED => "HB_UCP_INIT_FAILED",
-        sys::HB_UCP_UNKNOWN => "HB_UCP_UNKNOWN",
-        sys::HB_UCP_TASK_NUMBER_EXCEED_LIMIT => "HB_UCP_TASK_NUMBER_EXCEED_LIMIT",
-        sys::HB_UCP_TASK_TIMEOUT => "HB_UCP_TASK_TIMEOUT",
-        sys::HB_UCP_TASK_RUN_FAILED => "HB_UCP_TASK_RUN_FAILED",
-        sys::HB_UCP_TASK_HANDLE_INVALID => "HB_UCP_TASK_HANDLE_INVALID",
-        sys::HB_UCP_MEM_ALLOC_FAIL => "HB_UCP_MEM_ALLOC_FAIL",
-        sys::HB_UCP_MEM_FREE_FAIL => "HB_UCP_MEM_FREE_FAIL",
-        sys::HB_UCP_MEM_FLUSH_FAIL => "HB_UCP_MEM_FLUSH_FAIL",
-        sys::HB_UCP_MEM_INVALIDATE_FAIL => "HB_UCP_MEM_INVALIDATE_FAIL",
-        sys::HB_UCP_MEM_IS_INVALID => "HB_UCP_MEM_IS_INVALID",
-        sys::HB_UCP_MEM_MAP_FAIL => "HB_UCP_MEM_MAP_FAIL",
-        sys::HB_UCP_MEM_UNMAP_FAIL => "HB_UCP_MEM_UNMAP_FAIL",
-        sys::HB_UCP_FILE_OPEN_FAILED => "HB_UCP_FILE_OPEN_FAILED",
-        sys::HB_UCP_MODEL_NUMBER_EXCEED => "HB_UCP_MODEL_NUMBER_EXCEED",
-        sys::HB_UCP_MODEL_INVALID => "HB_UCP_MODEL_INVALID",
-        sys::HB_UCP_MODEL_IS_INUSE => "HB_UCP_MODEL_IS_INUSE",
-        sys::HB_UCP_MODEL_INCOMPATIBLE => "HB_UCP_MODEL_INCOMPATIBLE",
-        _ => "unknown status",
-    }
-}
-
-fn description(code: i32) -> &'static CStr {
-    match code {
-        sys::HB_UCP_SUCCESS => c"success",
-        sys::HB_UCP_INVALID_ARGUMENT => c"invalid argument",
-        sys::HB_UCP_API_USE_ERROR => c"API used out of order",
-        sys::HB_UCP_INIT_FAILED => c"initialisation failed",
-        sys::HB_UCP_UNKNOWN => c"unknown error",
-        sys::HB_UCP_TASK_NUMBER_EXCEED_LIMIT => c"too many tasks",
-        sys::HB_UCP_TASK_TIMEOUT => c"task timed out",
-        sys::HB_UCP_TASK_RUN_FAILED => c"task run failed",
-        sys::HB_UCP_TASK_HANDLE_INVALID => c"invalid task handle",
-        sys::HB_UCP_MEM_ALLOC_FAIL => c"memory allocation failed (ION pool exhausted)",
-        sys::HB_UCP_MEM_FREE_FAIL => c"memory free failed",
-        sys::HB_UCP_MEM_FLUSH_FAIL => c"cache clean failed",
-        sys::HB_UCP_MEM_INVALIDATE_FAIL => c"cache invalidate failed",
-        sys::HB_UCP_MEM_IS_INVALID => c"invalid memory",
-        sys::HB_UCP_MEM_MAP_FAIL => c"memory map failed",
-        sys::HB_UCP_MEM_UNMAP_FAIL => c"memory unmap failed",
-        sys::HB_UCP_FILE_OPEN_FAILED => c"cannot open file",
-        sys::HB_UCP_MODEL_NUMBER_EXCEED => c"too many models",
-        sys::HB_UCP_MODEL_INVALID => c"invalid model",
-        sys::HB_UCP_MODEL_IS_INUSE => c"model in use",
-        sys::HB_UCP_MODEL_INCOMPATIBLE => c"model incompatible with this platform",
-        _ => c"unknown status code",
-    }
-}
 
 /// What the body of an entry point asks the boundary to do after releasing the lock.
 enum Outcome {
@@ -102,6 +50,11 @@ fn boundary(
                 Some(FaultAction::Status(c)) => Outcome::Done(c),
                 Some(FaultAction::AllocFail) => Outcome::Done(sys::HB_UCP_MEM_ALLOC_FAIL),
                 Some(FaultAction::Panic) => panic!("bpu-sim: injected panic in {call}"),
+                Some(FaultAction::Evict) => {
+                    let lines = st.evict();
+                    tracing::warn!(call, lines, "bpu-sim: dirty cache lines written back");
+                    body(&mut st, None)
+                }
                 Some(FaultAction::Timeout) if call != "hbUCPWaitTaskDone" => {
                     Outcome::Done(sys::HB_UCP_TASK_TIMEOUT)
                 }
@@ -410,8 +363,8 @@ pub unsafe extern "C" fn hbDNNInferV2(
                 std::slice::from_raw_parts(output, n_out).to_vec(),
             )
         };
-        for (props, ts) in [(&props_in, &ins), (&props_out, &outs)] {
-            let c = st.check_tensors(props, ts);
+        for (side, props, ts) in [("input", &props_in, &ins), ("output", &props_out, &outs)] {
+            let c = st.check_tensors(side, props, ts);
             if c != sys::HB_UCP_SUCCESS {
                 return c.into();
             }

@@ -18,10 +18,12 @@ use crate::kernels::{read_f32, write_f32, Kernel};
 /// rows reads garbage (boards pad rows; contract §3.3).
 pub const ROW_PAD: usize = 32;
 
-fn tensor(shape: &[usize], dtype: i32, scale: Vec<f32>) -> TensorDesc {
+/// A tensor of `shape`: multi-row tensors get an explicitly padded row pitch, unless the graph
+/// has `dynamic` strides (then every stride is `-1` and the runtime picks the layout).
+fn tensor(shape: &[usize], dtype: i32, scale: Vec<f32>, dynamic: bool) -> TensorDesc {
     let esz = crate::container::elem_size(dtype).unwrap_or(4);
     let rank = shape.len();
-    let multi_row = rank >= 2 && shape[rank - 2] > 1;
+    let multi_row = !dynamic && rank >= 2 && shape[rank - 2] > 1;
     let strides = if multi_row {
         // Explicit padded strides: last = element, rows = aligned + pad, outer = dense over rows.
         let mut s = vec![0i64; rank];
@@ -85,21 +87,27 @@ pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDes
     } else {
         vec![p.mask_heads, n, p.window]
     };
+    let dy = p.dynamic_strides;
     let mut inputs = vec![
-        tensor(&[n, cfg.hidden_size], f32t, vec![]),
-        tensor(&[n, cfg.rotary_dim], f32t, vec![]),
-        tensor(&[n, cfg.rotary_dim], f32t, vec![]),
-        tensor(&mask_shape, f32t, vec![]),
+        tensor(&[n, cfg.hidden_size], f32t, vec![], dy),
+        tensor(&[n, cfg.rotary_dim], f32t, vec![], dy),
+        tensor(&[n, cfg.rotary_dim], f32t, vec![], dy),
+        tensor(&mask_shape, f32t, vec![], dy),
     ];
     let caches = cache_descs(cfg, p.window);
     inputs.extend(caches.iter().cloned());
     let logit_rows = if n > 1 && p.logits_all_rows { n } else { 1 };
     let logits = match p.logits {
-        LogitsType::F32 => tensor(&[logit_rows, cfg.vocab_size], f32t, vec![]),
+        LogitsType::F32 => tensor(&[logit_rows, cfg.vocab_size], f32t, vec![], dy),
         LogitsType::S16 => tensor(
             &[logit_rows, cfg.vocab_size],
             sys::HB_DNN_TENSOR_TYPE_S16,
-            vec![p.logits_scale],
+            if p.logits_per_axis {
+                per_axis_scales(p.logits_scale, cfg.vocab_size)
+            } else {
+                vec![p.logits_scale]
+            },
+            dy,
         ),
     };
     let mut outputs = vec![logits];
@@ -113,29 +121,42 @@ pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDes
     }
 }
 
-/// The vision graph's I/O (contract §6): `[n_patch, C·T·P·P]` f32 → `[n_token, out_hidden]`.
+/// Per-axis scales along a tensor's last axis: `scale` × 1, 1.25, 1.5, 1.75, repeating.
+pub fn per_axis_scales(scale: f32, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|c| scale * (1.0 + (c % 4) as f32 * 0.25))
+        .collect()
+}
+
+/// The vision graph's I/O (contract §6): `[n_patch, C·T·P·P]` f32 → `[n_token, out_hidden]`,
+/// each with `p.rank - 2` leading 1s.
 pub fn visual_graph_desc(name: &str, cfg: &VisionConfig, p: &VisualParams) -> GraphDesc {
     let grid = p.image_size / cfg.patch_size;
     let m = cfg.spatial_merge_size;
+    let dy = p.dynamic_strides;
+    let shape = |rows: usize, len: usize| {
+        let mut s = vec![1; p.rank.saturating_sub(2)];
+        s.extend([rows, len]);
+        s
+    };
+    let out_shape = shape(grid * grid / (m * m), cfg.out_hidden_size);
     let out = match p.output {
-        LogitsType::F32 => tensor(
-            &[grid * grid / (m * m), cfg.out_hidden_size],
-            sys::HB_DNN_TENSOR_TYPE_F32,
-            vec![],
-        ),
+        LogitsType::F32 => tensor(&out_shape, sys::HB_DNN_TENSOR_TYPE_F32, vec![], dy),
         LogitsType::S16 => tensor(
-            &[grid * grid / (m * m), cfg.out_hidden_size],
+            &out_shape,
             sys::HB_DNN_TENSOR_TYPE_S16,
             vec![p.output_scale],
+            dy,
         ),
     };
     GraphDesc {
         name: name.to_owned(),
         kind: GraphKind::Visual(p.clone()),
         inputs: vec![tensor(
-            &[grid * grid, cfg.patch_len()],
+            &shape(grid * grid, cfg.patch_len()),
             sys::HB_DNN_TENSOR_TYPE_F32,
             vec![],
+            dy,
         )],
         outputs: vec![out],
         compile_cores: 1,
@@ -270,10 +291,17 @@ fn write_out(t: &TensorDesc, bytes: &mut [u8], data: &[f32], kind: LogitsType, s
             let strides = crate::container::resolved_strides(t);
             let rank = t.shape.len();
             let last = t.shape[rank - 1] as usize;
+            // Per-axis scales run along the last axis; else the one scale.
+            let scale_at = |c: usize| match t.scale.len() {
+                n if n > 1 => t.scale[c % n],
+                _ => scale,
+            };
             for (r, row) in data.chunks(last).enumerate() {
                 let base = r * if rank >= 2 { strides[rank - 2] } else { 0 };
                 for (c, v) in row.iter().enumerate() {
-                    let q = (v / scale).round().clamp(i16::MIN as f32, i16::MAX as f32) as i16;
+                    let q = (v / scale_at(c))
+                        .round()
+                        .clamp(i16::MIN as f32, i16::MAX as f32) as i16;
                     let at = base + c * 2;
                     bytes[at..at + 2].copy_from_slice(&q.to_le_bytes());
                 }

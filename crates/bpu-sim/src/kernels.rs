@@ -92,6 +92,33 @@ pub(crate) fn write_f32(t: &TensorDesc, bytes: &mut [u8], data: &[f32]) {
     }
 }
 
+/// Copies tensor `t`'s elements from `src` (laid out by `src_strides`) into `dst` (by
+/// `dst_strides`); padding in `dst` is left as it was.
+pub(crate) fn restride(
+    t: &TensorDesc,
+    src: &[u8],
+    src_strides: &[usize],
+    dst: &mut [u8],
+    dst_strides: &[usize],
+) {
+    let esz = container::elem_size(t.dtype).unwrap_or(1);
+    let rank = t.shape.len();
+    let last = t.shape[rank - 1] as usize;
+    let rows: usize = t.shape[..rank - 1].iter().map(|&d| d as usize).product();
+    let (sl, dl) = (src_strides[rank - 1], dst_strides[rank - 1]);
+    for r in 0..rows {
+        let (s0, d0) = (row_offset(t, src_strides, r), row_offset(t, dst_strides, r));
+        if sl == esz && dl == esz {
+            dst[d0..d0 + last * esz].copy_from_slice(&src[s0..s0 + last * esz]);
+            continue;
+        }
+        for c in 0..last {
+            let (s, d) = (s0 + c * sl, d0 + c * dl);
+            dst[d..d + esz].copy_from_slice(&src[s..s + esz]);
+        }
+    }
+}
+
 fn row_offset(t: &TensorDesc, strides: &[usize], mut r: usize) -> usize {
     let rank = t.shape.len();
     let mut off = 0;
@@ -141,5 +168,32 @@ impl Kernel for Affine {
             write_f32(&self.outputs[k], out, &y);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn restride_moves_elements_between_layouts() {
+        let t = TensorDesc {
+            shape: vec![2, 3],
+            dtype: hbdnn_sys::HB_DNN_TENSOR_TYPE_S16,
+            strides: vec![-1, -1],
+            scale: vec![],
+        };
+        let tight: Vec<u8> = (1..=12).collect();
+        let mut wide = vec![0u8; 2 * 32];
+        restride(&t, &tight, &[6, 2], &mut wide, &[32, 2]);
+        assert_eq!(&wide[..6], &tight[..6]);
+        assert_eq!(&wide[32..38], &tight[6..]);
+        assert!(wide[6..32].iter().all(|&b| b == 0));
+        let mut back = vec![0u8; 12];
+        restride(&t, &wide, &[32, 2], &mut back, &[6, 2]);
+        assert_eq!(back, tight);
+        let mut spread = vec![0u8; 2 * 32];
+        restride(&t, &tight, &[6, 2], &mut spread, &[32, 4]);
+        assert_eq!(&spread[..6], &[1, 2, 0, 0, 3, 4]);
     }
 }

@@ -5,11 +5,24 @@
 //! fill the `hbdnn-sys` function table ([`table`]), so the runtime's board code path — FFI,
 //! buffers, strides, flushes, graph I/O by index, ping-pong caches — runs unchanged.
 //!
-//! Board behaviours modelled: separate host and device copies of every buffer (a missing
-//! CLEAN or INVALIDATE yields stale bytes; fresh allocations are dirty), padded row strides on
-//! multi-row tensors, a configurable ION pool whose exhaustion fails allocation and model load,
-//! a fault plan (status codes, timeouts, allocation failures, slow tasks; `BPU_SIM_FAULTS` or
-//! [`Sim::add_fault`]), counters of live buffers/tasks/handles, and an optional timing model.
+//! Board behaviours modelled:
+//! - separate host and device copies of every buffer, coherent only through `hbUCPMemFlush`
+//!   in whole 64-byte cache lines ([`CACHE_LINE`]): a missing CLEAN or INVALIDATE yields stale
+//!   bytes, a partial INVALIDATE discards the CPU's unflushed bytes in the whole line, and the
+//!   fault `evict` ([`FaultAction::Evict`], or [`Sim::evict`]) writes back lines the CPU wrote
+//!   and never CLEANed; fresh allocations are dirty ([`DIRTY_BYTE`]) and page-aligned;
+//! - what libdnn checks at `hbDNNInferV2` (tensor type and `validShape` equal to the model's,
+//!   every stride resolved, at least tight, 32-byte aligned where the model leaves it open and
+//!   equal to the model's where it fixes it, `virAddr` aligned to [`SimConfig::vir_align`] —
+//!   64 bytes by default, `BPU_SIM_VIRADDR_ALIGN` — and `memSize` large enough): a violation
+//!   is `HB_UCP_INVALID_ARGUMENT` with a WARN in libdnn's words;
+//! - padded row strides on multi-row tensors, or graphs reporting `-1` strides and
+//!   `alignedByteSize` `-1` (the runtime picks the layout), per-axis scales (`scaleLen > 1`,
+//!   `quantizeAxis`), towers of rank 3 ([`package::PackageOptions`]);
+//! - a configurable ION pool whose exhaustion fails allocation and model load, a fault plan
+//!   (status codes, timeouts, allocation failures, slow tasks, evictions; `BPU_SIM_FAULTS` or
+//!   [`Sim::add_fault`]), counters of live buffers/tasks/handles, an optional timing model
+//!   (`BPU_SIM_TIMING`) and the platform march (`BPU_SIM_MARCH`).
 //!
 //! Which implementation runs is decided by the package's files ([`inspect_package`]): sim
 //! containers ([`container`]) run here, real `.hbm` files on the board libraries.
@@ -27,9 +40,13 @@ pub mod detect;
 #[allow(non_snake_case)]
 pub mod ffi;
 pub mod graphs;
+mod infer_check;
+mod instance;
 mod kernels;
+mod memory;
 pub mod package;
 mod state;
+mod status;
 
 pub use config::{ConfigError, FaultAction, FaultPlan, FaultRule, SimConfig, TimingModel};
 pub use container::{
@@ -37,7 +54,9 @@ pub use container::{
     VisualParams,
 };
 pub use detect::{classify, inspect_package, DetectError, Implementation};
-pub use state::{Sim, SimStats, DIRTY_BYTE};
+pub use instance::Sim;
+pub use memory::{CACHE_LINE, DIRTY_BYTE};
+pub use state::SimStats;
 
 /// The simulator's function table. Validates the `BPU_SIM_*` environment first, so a bad
 /// fault plan is an error here rather than a silently ignored setting.

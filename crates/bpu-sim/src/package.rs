@@ -55,6 +55,14 @@ pub struct PackageOptions {
     pub prefill_min_tail: Option<usize>,
     /// BPU march written into every container (default `nash-m`, the S100P's).
     pub march: String,
+    /// `--tower-rank`: rank of the vision tower's input and output (2, or more with leading
+    /// 1s, as real towers may report `[1, n, len]`).
+    pub tower_rank: usize,
+    /// `--dynamic-strides`: every graph reports `-1` strides and `alignedByteSize` `-1`.
+    pub dynamic_strides: bool,
+    /// `--quant-axis`: the text graphs' logits are S16 with per-axis scales (`scaleLen` =
+    /// vocab, `quantizeAxis` = 1), which a runtime must refuse rather than read `scale[0]`.
+    pub quant_axis: bool,
 }
 
 impl PackageOptions {
@@ -79,6 +87,9 @@ impl PackageOptions {
             prefill_pads: false,
             prefill_min_tail: None,
             march: crate::config::PLATFORM_MARCH.to_owned(),
+            tower_rank: 2,
+            dynamic_strides: false,
+            quant_axis: false,
         }
     }
 }
@@ -189,6 +200,18 @@ fn to_f16_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Writes a sim package (see the module docs and issue 4 item 4).
 pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageError> {
+    if !(2..=hbdnn_sys::HB_DNN_TENSOR_MAX_DIMENSIONS as usize).contains(&o.tower_rank) {
+        return Err(PackageError::Option(format!(
+            "tower rank {} must be in 2..={}",
+            o.tower_rank,
+            hbdnn_sys::HB_DNN_TENSOR_MAX_DIMENSIONS
+        )));
+    }
+    if o.quant_axis && o.logits != LogitsType::S16 {
+        return Err(PackageError::Option(
+            "per-axis scales (--quant-axis) need S16 logits (--logits s16)".into(),
+        ));
+    }
     if o.prefill_chunk < 2 || o.prefill_chunk > o.cache_len {
         return Err(PackageError::Option(format!(
             "prefill chunk {} must be in 2..=cache_len ({})",
@@ -244,6 +267,8 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         logits: o.logits,
         logits_scale: o.s16_scale,
         pads: false,
+        dynamic_strides: o.dynamic_strides,
+        logits_per_axis: o.quant_axis,
     };
     let prefill = TextParams {
         rows: o.prefill_chunk,
@@ -311,6 +336,8 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
             image_size: o.image_size,
             output: o.logits,
             output_scale: o.s16_scale,
+            rank: o.tower_rank,
+            dynamic_strides: o.dynamic_strides,
         };
         let payload = if o.no_weights {
             Vec::new()

@@ -4,17 +4,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_char, CString};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hbdnn_sys as sys;
 
-use crate::config::{FaultAction, FaultPlan, FaultRule, SimConfig, TimingModel};
+use crate::config::{FaultAction, SimConfig, TimingModel};
 use crate::container::{self, Container, GraphDesc, GraphKind, TensorDesc};
+use crate::infer_check;
 use crate::kernels::{self, Kernel};
+use crate::memory::Buffer;
 
-/// Bytes written into fresh allocations: freed ION comes back dirty on a board.
-pub const DIRTY_BYTE: u8 = 0xA5;
 const PHY_BASE: u64 = 0x1_0000_0000;
 const TASK_BASE: usize = 0x7A5C_0000;
 
@@ -30,61 +29,6 @@ pub struct SimStats {
     pub runs: u64,
     /// Faults injected so far.
     pub faults_injected: u64,
-}
-
-pub(crate) struct Buffer {
-    pub phy: u64,
-    /// Host copy (what `virAddr` points at), owned: `Box<[u64]>` leaked into a raw pointer.
-    host: *mut u64,
-    host_words: usize,
-    pub size: usize,
-    /// Device copy: what the BPU reads and writes.
-    pub device: Vec<u8>,
-}
-
-impl Buffer {
-    fn new(phy: u64, size: usize) -> Self {
-        let words = size.div_ceil(8).max(1);
-        let host =
-            Box::into_raw(vec![u64::from_ne_bytes([DIRTY_BYTE; 8]); words].into_boxed_slice());
-        Self {
-            phy,
-            host: host.cast::<u64>(),
-            host_words: words,
-            size,
-            device: vec![DIRTY_BYTE; size],
-        }
-    }
-
-    pub fn vir(&self) -> usize {
-        self.host as usize
-    }
-
-    /// Copies `[off, off+len)` host → device (`to_device`) or device → host.
-    pub fn flush(&mut self, off: usize, len: usize, to_device: bool) {
-        // SAFETY: the allocation holds `host_words * 8 >= size` bytes (see `new`); no other
-        // Rust reference to the host bytes exists (the C API user writes them only between
-        // calls, and every call holds the state lock).
-        let host = unsafe { std::slice::from_raw_parts_mut(self.host.cast::<u8>(), self.size) };
-        if to_device {
-            self.device[off..off + len].copy_from_slice(&host[off..off + len]);
-        } else {
-            host[off..off + len].copy_from_slice(&self.device[off..off + len]);
-        }
-    }
-}
-
-impl Drop for Buffer {
-    fn drop(&mut self) {
-        // SAFETY: `host` came from `Box::into_raw` of a `[u64]` of `host_words` entries and is
-        // freed once.
-        drop(unsafe {
-            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                self.host,
-                self.host_words,
-            ))
-        });
-    }
 }
 
 pub(crate) struct GraphInst {
@@ -143,7 +87,7 @@ pub(crate) struct SimState {
 unsafe impl Send for SimState {}
 
 impl SimState {
-    fn new(config: SimConfig) -> Self {
+    pub(crate) fn new(config: SimConfig) -> Self {
         Self {
             config,
             buffers: BTreeMap::new(),
@@ -166,6 +110,7 @@ impl SimState {
             FaultAction::AllocFail => "HB_UCP_MEM_ALLOC_FAIL".into(),
             FaultAction::Slow(d) => format!("slow {d:?}"),
             FaultAction::Panic => "panic".into(),
+            FaultAction::Evict => "evict (dirty cache lines written back)".into(),
         };
         tracing::warn!(call, fault = %status, "bpu-sim: injected fault");
         Some(a)
@@ -200,7 +145,10 @@ impl SimState {
         let phy = self.next_phy;
         // Keep a gap between buffers so an off-by-one range never lands in a neighbour.
         self.next_phy += (size.div_ceil(4096) + 1) * 4096;
-        let buf = Buffer::new(phy, len);
+        let Some(buf) = Buffer::new(phy, len) else {
+            self.stats.pool_used -= size;
+            return Err(sys::HB_UCP_MEM_ALLOC_FAIL);
+        };
         let mem = sys::hbUCPSysMem {
             phyAddr: phy,
             virAddr: buf.vir() as *mut std::ffi::c_void,
@@ -337,16 +285,28 @@ impl SimState {
         sys::HB_UCP_SUCCESS
     }
 
-    /// Checks that each tensor's memory lies in a live buffer large enough for the graph's
-    /// tensor.
+    /// Checks each tensor handed to `hbDNNInferV2` as libdnn does ([`crate::infer_check`]),
+    /// then that its memory lies in a live buffer large enough for it.
     pub fn check_tensors(
         &mut self,
+        side: infer_check::Side,
         props: &[sys::hbDNNTensorProperties],
         ts: &[sys::hbDNNTensor],
     ) -> i32 {
-        for (p, t) in props.iter().zip(ts) {
-            let need = p.alignedByteSize as u64;
+        for (i, (p, t)) in props.iter().zip(ts).enumerate() {
+            let need = match infer_check::check_tensor(side, i, p, t, self.config.vir_align) {
+                Ok(n) => n,
+                Err(msg) => {
+                    tracing::warn!("bpu-sim: hbDNNInferV2: {msg}");
+                    return sys::HB_UCP_INVALID_ARGUMENT;
+                }
+            };
             if t.sysMem.memSize < need {
+                tracing::warn!(
+                    "bpu-sim: hbDNNInferV2: {side} {i} memSize {} is less than the {need} \
+                     bytes the tensor needs",
+                    t.sysMem.memSize
+                );
                 return sys::HB_UCP_INVALID_ARGUMENT;
             }
             let m = sys::hbUCPSysMem {
@@ -358,6 +318,49 @@ impl SimState {
             }
         }
         sys::HB_UCP_SUCCESS
+    }
+
+    /// Writes back every dirty cache line of every buffer (an eviction); returns how many.
+    pub fn evict(&mut self) -> usize {
+        self.buffers.values_mut().map(Buffer::evict).sum()
+    }
+
+    /// The bytes of tensor `t` in the graph's own layout `desc` (the given strides may differ
+    /// where the graph left them to the runtime).
+    fn fetch(&mut self, t: &sys::hbDNNTensor, desc: &TensorDesc) -> Result<Vec<u8>, i32> {
+        let own = container::resolved_strides(desc);
+        let given = given_strides(t, desc)?;
+        let size = container::byte_size(desc);
+        let extent = given[0] * desc.shape[0] as usize;
+        let (buf, off) = self.locate(&sys::hbUCPSysMem {
+            memSize: extent.max(size) as u64,
+            ..t.sysMem
+        })?;
+        let src = &buf.device[off..off + extent.max(size)];
+        if given == own {
+            return Ok(src[..size].to_vec());
+        }
+        let mut out = vec![0u8; size];
+        kernels::restride(desc, src, &given, &mut out, &own);
+        Ok(out)
+    }
+
+    /// Stores `data` (the graph's own layout `desc`) into tensor `t` by its given strides.
+    fn store(&mut self, t: &sys::hbDNNTensor, desc: &TensorDesc, data: &[u8]) -> Result<(), i32> {
+        let own = container::resolved_strides(desc);
+        let given = given_strides(t, desc)?;
+        let extent = given[0] * desc.shape[0] as usize;
+        let (buf, off) = self.locate(&sys::hbUCPSysMem {
+            memSize: extent.max(data.len()) as u64,
+            ..t.sysMem
+        })?;
+        let dst = &mut buf.device[off..off + extent.max(data.len())];
+        if given == own {
+            dst[..data.len()].copy_from_slice(data);
+        } else {
+            kernels::restride(desc, data, &own, dst, &given);
+        }
+        Ok(())
     }
 
     /// Runs every sub-task of a task on the device copies; returns the status and the
@@ -387,20 +390,12 @@ impl SimState {
         ins: &[sys::hbDNNTensor],
         outs: &[sys::hbDNNTensor],
     ) -> Result<Duration, i32> {
-        let (sizes_in, sizes_out, delay, needs_data) = {
+        let (descs_in, descs_out, delay, needs_data) = {
             let g = self.graph(handle)?;
             let delay = timing_for(&g.desc, self.config.timing.as_ref());
             (
-                g.desc
-                    .inputs
-                    .iter()
-                    .map(container::byte_size)
-                    .collect::<Vec<_>>(),
-                g.desc
-                    .outputs
-                    .iter()
-                    .map(container::byte_size)
-                    .collect::<Vec<_>>(),
+                g.desc.inputs.clone(),
+                g.desc.outputs.clone(),
                 delay,
                 g.kernel.needs_data(),
             )
@@ -412,25 +407,21 @@ impl SimState {
                 .kernel
                 .fixed_output0()
                 .map(<[u8]>::to_vec);
-            if let (Some(bytes), Some(t)) = (fixed, outs.first()) {
-                let (buf, off) = self.locate(&sys::hbUCPSysMem {
-                    memSize: bytes.len() as u64,
-                    ..t.sysMem
-                })?;
-                buf.device[off..off + bytes.len()].copy_from_slice(&bytes);
+            if let (Some(bytes), Some(t), Some(d)) = (fixed, outs.first(), descs_out.first()) {
+                self.store(t, d, &bytes)?;
             }
             return Ok(delay);
         }
         // Copy inputs out of the device copies first: a buffer may be bound on both sides.
-        let mut in_data = Vec::with_capacity(ins.len());
-        for (t, &n) in ins.iter().zip(&sizes_in) {
-            let (buf, off) = self.locate(&sys::hbUCPSysMem {
-                memSize: n as u64,
-                ..t.sysMem
-            })?;
-            in_data.push(buf.device[off..off + n].to_vec());
-        }
-        let mut out_data: Vec<Vec<u8>> = sizes_out.iter().map(|&n| vec![0u8; n]).collect();
+        let in_data = ins
+            .iter()
+            .zip(&descs_in)
+            .map(|(t, d)| self.fetch(t, d))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut out_data: Vec<Vec<u8>> = descs_out
+            .iter()
+            .map(|d| vec![0u8; container::byte_size(d)])
+            .collect();
         {
             let g = self.graph(handle)?;
             let in_refs: Vec<&[u8]> = in_data.iter().map(Vec::as_slice).collect();
@@ -440,15 +431,20 @@ impl SimState {
                 return Err(sys::HB_UCP_TASK_RUN_FAILED);
             }
         }
-        for (t, data) in outs.iter().zip(&out_data) {
-            let (buf, off) = self.locate(&sys::hbUCPSysMem {
-                memSize: data.len() as u64,
-                ..t.sysMem
-            })?;
-            buf.device[off..off + data.len()].copy_from_slice(data);
+        for ((t, d), data) in outs.iter().zip(&descs_out).zip(&out_data) {
+            self.store(t, d, data)?;
         }
         Ok(delay)
     }
+}
+
+/// The strides a tensor was handed over with (checked at `hbDNNInferV2`: resolved, at least
+/// tight).
+fn given_strides(t: &sys::hbDNNTensor, desc: &TensorDesc) -> Result<Vec<usize>, i32> {
+    t.properties.stride[..desc.shape.len()]
+        .iter()
+        .map(|&s| usize::try_from(s).map_err(|_| sys::HB_UCP_INVALID_ARGUMENT))
+        .collect()
 }
 
 fn timing_for(desc: &GraphDesc, timing: Option<&TimingModel>) -> Duration {
@@ -475,18 +471,31 @@ fn timing_for(desc: &GraphDesc, timing: Option<&TimingModel>) -> Duration {
     }
 }
 
-fn properties(t: &TensorDesc, scales: &mut Vec<Box<[f32]>>) -> sys::hbDNNTensorProperties {
+/// The properties the runtime reports for `t`: `alignedByteSize` `-1` in a graph with
+/// `dynamic` strides; more than one scale = per-axis along the last axis (`quantizeAxis`).
+fn properties(
+    t: &TensorDesc,
+    dynamic: bool,
+    scales: &mut Vec<Box<[f32]>>,
+) -> sys::hbDNNTensorProperties {
     let mut p = sys::hbDNNTensorProperties::default();
     p.validShape.numDimensions = t.shape.len() as i32;
     p.validShape.dimensionSize[..t.shape.len()].copy_from_slice(&t.shape);
     p.tensorType = t.dtype;
     p.stride[..t.strides.len()].copy_from_slice(&t.strides);
-    p.alignedByteSize = container::byte_size(t) as i64;
+    p.alignedByteSize = if dynamic {
+        -1
+    } else {
+        container::byte_size(t) as i64
+    };
     if !t.scale.is_empty() {
         let mut s: Box<[f32]> = t.scale.clone().into_boxed_slice();
         p.scale.scaleLen = s.len() as i32;
         p.scale.scaleData = s.as_mut_ptr();
         p.quantiType = sys::HB_DNN_QUANTI_TYPE_SCALE;
+        if s.len() > 1 {
+            p.quantizeAxis = t.shape.len() as i32 - 1;
+        }
         scales.push(s);
     }
     p
@@ -502,15 +511,16 @@ fn build_graphs(file: &std::path::Path, c: &Container) -> Result<Vec<Box<GraphIn
             sys::HB_UCP_MODEL_INVALID
         })?;
         let mut scales = Vec::new();
+        let dynamic = desc.kind.dynamic_strides();
         let props_in = desc
             .inputs
             .iter()
-            .map(|t| properties(t, &mut scales))
+            .map(|t| properties(t, dynamic, &mut scales))
             .collect();
         let props_out = desc
             .outputs
             .iter()
-            .map(|t| properties(t, &mut scales))
+            .map(|t| properties(t, dynamic, &mut scales))
             .collect();
         let name = |side: &str, i: usize| CString::new(format!("{side}_{i}")).expect("no NUL");
         out.push(Box::new(GraphInst {
@@ -525,114 +535,4 @@ fn build_graphs(file: &std::path::Path, c: &Container) -> Result<Vec<Box<GraphIn
         }));
     }
     Ok(out)
-}
-
-/// A simulator instance. Cheap to clone (shared). The C entry points act on the instance
-/// installed on the calling thread ([`Sim::install`]), or a per-thread one built from the
-/// environment on first use.
-#[derive(Clone)]
-pub struct Sim(Arc<Mutex<SimState>>);
-
-impl std::fmt::Debug for Sim {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Sim").field(&self.stats()).finish()
-    }
-}
-
-thread_local! {
-    static CURRENT: std::cell::RefCell<Option<Sim>> = const { std::cell::RefCell::new(None) };
-}
-
-impl Sim {
-    /// A fresh instance.
-    pub fn new(config: SimConfig) -> Self {
-        Self(Arc::new(Mutex::new(SimState::new(config))))
-    }
-
-    /// The calling thread's instance; created from the environment on first use (an invalid
-    /// environment is logged and ignored; [`crate::table`] reports it as an error instead).
-    pub fn current() -> Self {
-        CURRENT.with(|c| {
-            c.borrow_mut()
-                .get_or_insert_with(|| {
-                    let cfg = SimConfig::from_env().unwrap_or_else(|e| {
-                        tracing::error!(error = %e, "bpu-sim: ignoring invalid environment");
-                        SimConfig::default()
-                    });
-                    Sim::new(cfg)
-                })
-                .clone()
-        })
-    }
-
-    /// Makes this instance the calling thread's one (e.g. on an engine thread).
-    pub fn install(&self) {
-        CURRENT.with(|c| *c.borrow_mut() = Some(self.clone()));
-    }
-
-    pub(crate) fn lock(&self) -> MutexGuard<'_, SimState> {
-        // A panic inside an entry point is caught at the boundary; the state stays usable.
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> SimStats {
-        self.lock().stats
-    }
-
-    /// Replaces the fault plan.
-    pub fn set_faults(&self, plan: FaultPlan) {
-        self.lock().config.faults = plan;
-    }
-
-    /// Adds one fault rule.
-    pub fn add_fault(&self, rule: FaultRule) {
-        self.lock().config.faults.rules.push(rule);
-    }
-
-    /// Pool size in bytes (`None` = unlimited).
-    pub fn pool_bytes(&self) -> Option<u64> {
-        self.lock().config.pool_bytes
-    }
-
-    /// Bytes still free in the pool (`None` = unlimited).
-    pub fn pool_available(&self) -> Option<u64> {
-        let st = self.lock();
-        st.config
-            .pool_bytes
-            .map(|l| l.saturating_sub(st.stats.pool_used))
-    }
-
-    /// The platform march this instance simulates.
-    pub fn platform_march(&self) -> String {
-        self.lock().config.platform_march().to_owned()
-    }
-
-    /// Sets the platform march (`None` = the S100P's).
-    pub fn set_march(&self, march: Option<String>) {
-        self.lock().config.march = march;
-    }
-
-    /// Sets the pool size (`None` = unlimited).
-    pub fn set_pool(&self, bytes: Option<u64>) {
-        self.lock().config.pool_bytes = bytes;
-    }
-
-    /// Sets the timing model.
-    pub fn set_timing(&self, timing: Option<TimingModel>) {
-        self.lock().config.timing = timing;
-    }
-
-    /// The device copy of the buffer at `phy` (for tests that inspect what the BPU sees).
-    pub fn device_bytes(&self, phy: u64, len: usize) -> Option<Vec<u8>> {
-        let mut st = self.lock();
-        let m = sys::hbUCPSysMem {
-            phyAddr: phy,
-            virAddr: std::ptr::null_mut(),
-            memSize: len as u64,
-        };
-        let (_, buf) = st.buffers.range_mut(..=m.phyAddr).next_back()?;
-        let off = (phy - buf.phy) as usize;
-        buf.device.get(off..off + len).map(<[u8]>::to_vec)
-    }
 }

@@ -149,28 +149,68 @@ fn skipped_invalidate_shows_stale_output() {
 }
 
 #[test]
-fn range_flushes_move_only_their_rows() {
+fn range_flushes_move_whole_cache_lines() {
     let f = fixture();
     let (_m, g, mut i, mut o) = setup(&f);
     let spec = g.inputs()[0].clone();
+    assert_eq!(spec.row_stride(), 32, "two input rows share a 64-byte line");
     i.write_tensor(&spec, &input_data()).unwrap();
-    i.clean_range(0, spec.row_stride()).unwrap(); // row 0 only
+    // A CLEAN of one float of row 0 writes its whole line back: rows 0 and 1, not row 2.
+    i.clean_range(4, 4).unwrap();
     g.run(&[&i], &mut [&mut o], &Sched::default()).unwrap();
     let ospec = &g.outputs()[0];
-    o.invalidate_range(ospec.row_offset(1), ospec.row_stride())
-        .unwrap(); // row 1 only
+    assert_eq!(ospec.row_stride(), 64, "one output row per line");
+    // An INVALIDATE of one float of row 1 brings its whole line (row 1) in, not row 0.
+    o.invalidate_range(ospec.row_offset(1) + 8, 4).unwrap();
     let got = o.read_tensor::<f32>(ospec).unwrap();
     assert_eq!(
         &got[..5],
         &[0.0; 5],
         "row 0 of the output was not invalidated"
     );
-    assert_eq!(&got[5..10], &[1.0; 5], "row 1 input was never cleaned");
-    assert_eq!(&got[10..], &[0.0; 5]);
+    assert_eq!(&got[5..10], &expected()[5..10], "row 1 came in whole");
+    assert_eq!(&got[10..], &[0.0; 5], "row 2 was not invalidated");
+    // Bytes the CPU writes and never cleans are lost when a partial INVALIDATE covers their
+    // line, as on hardware.
+    o.as_mut_bytes()[4..8].copy_from_slice(&9f32.to_le_bytes());
+    o.invalidate_range(60, 4).unwrap();
+    assert_eq!(o.read_tensor::<f32>(ospec).unwrap()[..5], expected()[..5]);
+    let dev = f.sim.device_bytes(i.sys_mem().phyAddr + 64, 20).unwrap();
+    assert!(dev.iter().all(|&b| b == 0), "input row 2 was never cleaned");
     assert!(matches!(
         i.clean_range(90, 10),
         Err(Error::OutOfBounds { .. })
     ));
+}
+
+#[test]
+fn an_eviction_writes_back_what_the_cpu_never_cleaned() {
+    let f = fixture();
+    let (_m, g, mut i, mut o) = setup(&f);
+    let ospec = g.outputs()[0].clone();
+    // The CPU scribbles on the output buffer and forgets to CLEAN; the BPU writes the result;
+    // the cache then evicts the dirty line over it.
+    o.as_mut_bytes()[..4].copy_from_slice(&7f32.to_le_bytes());
+    f.sim
+        .add_fault(FaultRule::new("hbUCPWaitTaskDone", FaultAction::Evict).times(1));
+    let got = run_once(&g, &mut i, &mut o, true, true);
+    assert_eq!(got[0], 7.0, "the evicted line overwrote the BPU's row 0");
+    assert_eq!(
+        &got[1..5],
+        &[0.0; 4],
+        "the whole line came back, zeros included"
+    );
+    assert_eq!(&got[5..], &expected()[5..]);
+    assert_eq!(f.sim.stats().faults_injected, 1);
+    // Input bytes written and never cleaned reach the BPU once evicted before the run.
+    i.write_tensor(&g.inputs()[0], &[0f32; 15]).unwrap();
+    i.clean().unwrap();
+    i.write_tensor(&g.inputs()[0], &input_data()).unwrap();
+    assert_eq!(f.sim.evict(), 2, "the input's two lines");
+    g.run(&[&i], &mut [&mut o], &Sched::default()).unwrap();
+    o.invalidate().unwrap();
+    assert_eq!(o.read_tensor::<f32>(&ospec).unwrap(), expected());
+    assert_eq!(f.sim.evict(), 0, "nothing is dirty after an INVALIDATE");
 }
 
 #[test]

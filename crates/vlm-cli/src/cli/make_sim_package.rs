@@ -70,6 +70,17 @@ pub struct MakeSimPackageArgs {
     /// `prefill_min_tail` written with --prefill-pads.
     #[arg(long, value_name = "N")]
     pub prefill_min_tail: Option<usize>,
+    /// Rank of the vision tower's input and output: 2 (`[n, len]`) or more (leading 1s, e.g.
+    /// 3 for `[1, n, len]`).
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub tower_rank: usize,
+    /// Every graph reports -1 strides and alignedByteSize -1: the runtime picks the layout.
+    #[arg(long)]
+    pub dynamic_strides: bool,
+    /// Per-axis quantisation: S16 logits with one scale per vocabulary entry (scaleLen > 1,
+    /// quantizeAxis >= 0), which the runtime must refuse. Implies `--logits s16`.
+    #[arg(long)]
+    pub quant_axis: bool,
 }
 
 pub fn run(args: &MakeSimPackageArgs) -> anyhow::Result<()> {
@@ -102,9 +113,12 @@ pub fn run(args: &MakeSimPackageArgs) -> anyhow::Result<()> {
     o.mask_heads_one = mask_heads_one;
     o.prefill_logits_all = matches!(args.prefill_logits, PrefillLogitsArg::All);
     o.logits = match args.logits {
-        LogitsArg::F32 => LogitsType::F32,
-        LogitsArg::S16 => LogitsType::S16,
+        LogitsArg::F32 if !args.quant_axis => LogitsType::F32,
+        _ => LogitsType::S16,
     };
+    o.tower_rank = args.tower_rank;
+    o.dynamic_strides = args.dynamic_strides;
+    o.quant_axis = args.quant_axis;
     o.prefill_pads = args.prefill_pads;
     o.prefill_min_tail = args.prefill_min_tail;
     let summary = make_sim_package(&o)
