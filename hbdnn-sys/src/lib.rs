@@ -147,6 +147,21 @@ macro_rules! for_each_entry {
     };
 }
 
+/// Entry points a run does not need: a library without them still loads (the table entry stays
+/// `None` and callers fall back to a text of their own). `hbDNNGetErrorDesc` is deprecated in
+/// libdnn's own log strings; the name getters and `hbUCPGetSocName` only feed reports.
+pub const OPTIONAL_ENTRY_POINTS: [&str; 4] = [
+    "hbDNNGetErrorDesc",
+    "hbDNNGetInputName",
+    "hbDNNGetOutputName",
+    "hbUCPGetSocName",
+];
+
+/// Whether the table may lack `name` ([`OPTIONAL_ENTRY_POINTS`]).
+pub fn is_optional(name: &str) -> bool {
+    OPTIONAL_ENTRY_POINTS.contains(&name)
+}
+
 /// Names of every entry point in the table, with the board library that exports it.
 pub fn entry_points() -> Vec<(&'static str, &'static str)> {
     let mut v = Vec::new();
@@ -203,8 +218,9 @@ impl fmt::Display for TableSource {
     }
 }
 
-/// The validated function table: every entry is non-null, and the libraries it points into
-/// stay loaded as long as any clone of the table lives.
+/// The validated function table: every entry is non-null except the [`OPTIONAL_ENTRY_POINTS`]
+/// a library may lack, and the libraries it points into stay loaded as long as any clone of
+/// the table lives.
 #[derive(Clone)]
 pub struct FnTable {
     raw: hbdnn_sys_fn_table,
@@ -221,11 +237,12 @@ impl fmt::Debug for FnTable {
 }
 
 impl FnTable {
-    /// Wraps a table filled by an in-process implementation; every entry must be set.
+    /// Wraps a table filled by an in-process implementation; every entry but the
+    /// [`OPTIONAL_ENTRY_POINTS`] must be set.
     pub fn from_raw(raw: hbdnn_sys_fn_table, source_name: &str) -> Result<Self, LoadError> {
         macro_rules! check {
             ($f:ident, $lib:ident) => {
-                if raw.$f.is_none() {
+                if raw.$f.is_none() && !is_optional(stringify!($f)) {
                     return Err(LoadError::MissingEntry {
                         source_name: source_name.to_owned(),
                         symbol: stringify!($f),
@@ -250,8 +267,9 @@ impl FnTable {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR))
     }
 
-    /// Loads `libhbucp.so` then `libdnn.so` from `lib_dir` (default [`Self::board_lib_dir`])
-    /// and resolves every entry point. A missing library or symbol is an error naming it.
+    /// Loads `libdnn.so` then `libhbucp.so` from `lib_dir` (default [`Self::board_lib_dir`])
+    /// and resolves every entry point. A missing library or required symbol is an error naming
+    /// it; a missing [optional](OPTIONAL_ENTRY_POINTS) one leaves its entry `None` (logged).
     pub fn load_board(lib_dir: Option<&Path>) -> Result<Self, LoadError> {
         let dir = lib_dir.map_or_else(Self::board_lib_dir, Path::to_path_buf);
         // libdnn is opened first so that a machine without the runtime reports libdnn.so, the
@@ -265,7 +283,15 @@ impl FnTable {
                 // SAFETY: the symbol is declared with this exact C signature in our header,
                 // written from the documented S100 API; the library stays loaded as long as
                 // the table (it is stored in `_libs`).
-                raw.$f = unsafe { symbol(lib, &dir, $lib, stringify!($f))? };
+                let found = unsafe { symbol(lib, &dir, $lib, stringify!($f)) };
+                raw.$f = match found {
+                    Ok(f) => f,
+                    Err(e) if is_optional(stringify!($f)) => {
+                        tracing::info!(error = %e, "optional entry point missing; using a fallback");
+                        None
+                    }
+                    Err(e) => return Err(e),
+                };
             };
         }
         for_each_entry!(resolve);
@@ -277,7 +303,8 @@ impl FnTable {
         })
     }
 
-    /// The raw table. Every entry is `Some` (checked at construction).
+    /// The raw table. Every entry is `Some` (checked at construction) except possibly the
+    /// [`OPTIONAL_ENTRY_POINTS`].
     pub fn raw(&self) -> &hbdnn_sys_fn_table {
         &self.raw
     }
@@ -361,6 +388,15 @@ mod tests {
     fn empty_table_names_first_missing_entry() {
         let err = FnTable::from_raw(hbdnn_sys_fn_table::default(), "test").unwrap_err();
         assert!(err.to_string().contains("hbDNNGetVersion"), "{err}");
+    }
+
+    #[test]
+    fn only_the_four_unneeded_entries_are_optional() {
+        let names: Vec<&str> = entry_points().iter().map(|(n, _)| *n).collect();
+        assert!(OPTIONAL_ENTRY_POINTS.iter().all(|o| names.contains(o)));
+        for required in ["hbDNNInferV2", "hbUCPGetErrorDesc", "hbUCPReleaseTask"] {
+            assert!(!is_optional(required));
+        }
     }
 
     #[test]

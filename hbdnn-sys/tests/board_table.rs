@@ -56,3 +56,66 @@ fn library_without_symbols_names_the_symbol() {
         "{err:?}"
     );
 }
+
+/// Builds `libdnn.so` and `libhbucp.so` stubs exporting `names` (no-op functions); `None`
+/// when no C compiler is available.
+fn stub_libraries(names: &[&str]) -> Option<tempfile::TempDir> {
+    let dir = tempfile::tempdir().unwrap();
+    for (lib, prefix) in [("libdnn.so", "hbDNN"), ("libhbucp.so", "hbUCP")] {
+        let src = dir.path().join(format!("{lib}.c"));
+        let body: String = names
+            .iter()
+            .filter(|n| n.starts_with(prefix))
+            .map(|n| format!("int {n}(void) {{ return 0; }}\n"))
+            .collect();
+        std::fs::write(&src, body).unwrap();
+        let status = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(dir.path().join(lib))
+            .arg(&src)
+            .status()
+            .ok()?;
+        if !status.success() {
+            return None;
+        }
+    }
+    Some(dir)
+}
+
+#[test]
+fn libraries_without_the_optional_symbols_still_load() {
+    let required: Vec<&str> = hbdnn_sys::entry_points()
+        .into_iter()
+        .map(|(n, _)| n)
+        .filter(|n| !hbdnn_sys::is_optional(n))
+        .collect();
+    let Some(dir) = stub_libraries(&required) else {
+        eprintln!("no C compiler: skipped");
+        return;
+    };
+    let t = FnTable::load_board(Some(dir.path())).unwrap();
+    let raw = t.raw();
+    assert!(raw.hbDNNGetErrorDesc.is_none());
+    assert!(raw.hbDNNGetInputName.is_none());
+    assert!(raw.hbDNNGetOutputName.is_none());
+    assert!(raw.hbUCPGetSocName.is_none());
+    assert!(raw.hbDNNInferV2.is_some() && raw.hbUCPGetErrorDesc.is_some());
+    // A required symbol missing is still an error naming it.
+    let without_release: Vec<&str> = required
+        .iter()
+        .copied()
+        .filter(|n| *n != "hbUCPReleaseTask")
+        .collect();
+    let dir = stub_libraries(&without_release).unwrap();
+    let err = FnTable::load_board(Some(dir.path())).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LoadError::Symbol {
+                symbol: "hbUCPReleaseTask",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}

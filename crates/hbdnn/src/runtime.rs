@@ -10,7 +10,8 @@ use hbdnn_sys as sys;
 
 use crate::{DeviceBuffer, Error, FnTable, PackedModel, Result, Status, TableSource};
 
-/// Calls an entry of the validated table.
+/// Calls a required entry of the validated table (never one of
+/// [`hbdnn_sys::OPTIONAL_ENTRY_POINTS`], which a library may lack).
 macro_rules! ffi {
     ($rt:expr, $f:ident) => {
         $rt.table
@@ -134,12 +135,17 @@ impl Runtime {
     pub fn versions(&self) -> Versions {
         let rt = &self.inner;
         // SAFETY: the version getters take no arguments and return static strings or null.
-        let (dnn, ucp, soc) = unsafe {
+        let (dnn, ucp) = unsafe {
             (
                 c_string(ffi!(rt, hbDNNGetVersion)()),
                 c_string(ffi!(rt, hbUCPGetVersion)()),
-                c_string(ffi!(rt, hbUCPGetSocName)()),
             )
+        };
+        // An optional entry point (not needed to run): a library may lack it.
+        let soc = match rt.table.raw().hbUCPGetSocName {
+            // SAFETY: as above.
+            Some(f) => unsafe { c_string(f()) },
+            None => Some("unknown (the library exports no hbUCPGetSocName)".to_owned()),
         };
         let unknown = || "unknown".to_owned();
         Versions {

@@ -98,7 +98,14 @@ pub struct TensorSpec {
     pub scale: Vec<f32>,
     /// Zero points (empty when `zeroPointLen` is 0).
     pub zero_point: Vec<i32>,
-    /// `alignedByteSize` as reported.
+    /// `quantiType` as reported (`HB_DNN_QUANTI_TYPE_*`).
+    pub quanti_type: i32,
+    /// `quantizeAxis` as reported (meaningful with more than one scale).
+    pub quantize_axis: i32,
+    /// `alignedByteSize` as reported; graphs with dynamic strides report `-1`.
+    pub reported_aligned_byte_size: i64,
+    /// `alignedByteSize`, or `stride[0] × dim[0]` (resolved strides) when the graph reports
+    /// none (≤ 0), as BLLM sizes its buffers.
     pub aligned_byte_size: usize,
     /// Strides as reported (`-1` = dense).
     pub reported_strides: Vec<i64>,
@@ -139,9 +146,24 @@ impl TensorSpec {
                     "cannot resolve strides {reported_strides:?} for {dtype:?}"
                 ))
             })?;
-        let aligned_byte_size = usize::try_from(p.alignedByteSize)
-            .map_err(|_| bad(format!("alignedByteSize {}", p.alignedByteSize)))?;
-        let byte_size = strides[0].saturating_mul(shape[0]).max(aligned_byte_size);
+        let extent = strides[0]
+            .checked_mul(shape[0])
+            .ok_or_else(|| bad(format!("strides {strides:?} overflow for {shape:?}")))?;
+        let aligned_byte_size = match usize::try_from(p.alignedByteSize) {
+            Ok(n) if n > 0 => n,
+            _ => {
+                tracing::debug!(
+                    graph,
+                    %side,
+                    index,
+                    reported = p.alignedByteSize,
+                    size = extent,
+                    "no alignedByteSize reported: sized by stride[0] × dim[0]"
+                );
+                extent
+            }
+        };
+        let byte_size = extent.max(aligned_byte_size);
         // SAFETY: the scale arrays are owned by the packed handle and hold `scaleLen` /
         // `zeroPointLen` entries; they are copied here.
         let scale = unsafe { copy_array(p.scale.scaleData, p.scale.scaleLen) };
@@ -156,6 +178,9 @@ impl TensorSpec {
             dtype,
             scale,
             zero_point,
+            quanti_type: p.quantiType,
+            quantize_axis: p.quantizeAxis,
+            reported_aligned_byte_size: p.alignedByteSize,
             aligned_byte_size,
             reported_strides,
             strides,
@@ -255,5 +280,34 @@ mod tests {
         // Unknown element size cannot be resolved.
         assert_eq!(resolve_strides(&[4], &[-1], None), None);
         assert_eq!(align_up(33, 32), 64);
+    }
+
+    fn props(shape: &[i32], strides: &[i64], aligned: i64) -> sys::hbDNNTensorProperties {
+        let mut p = sys::hbDNNTensorProperties::default();
+        p.validShape.numDimensions = shape.len() as i32;
+        p.validShape.dimensionSize[..shape.len()].copy_from_slice(shape);
+        p.tensorType = sys::HB_DNN_TENSOR_TYPE_F32;
+        p.stride[..strides.len()].copy_from_slice(strides);
+        p.alignedByteSize = aligned;
+        p
+    }
+
+    #[test]
+    fn an_unreported_aligned_byte_size_falls_back_to_the_strides() {
+        for aligned in [-1, 0] {
+            let s = TensorSpec::from_properties(
+                "g",
+                Side::Input,
+                0,
+                props(&[3, 5], &[-1, -1], aligned),
+            )
+            .unwrap();
+            assert_eq!(s.reported_aligned_byte_size, aligned);
+            assert_eq!((s.aligned_byte_size, s.byte_size), (96, 96));
+            assert_eq!(s.raw.stride[..2], [32, 4]);
+        }
+        let s = TensorSpec::from_properties("g", Side::Output, 1, props(&[3, 5], &[64, 4], 256))
+            .unwrap();
+        assert_eq!((s.aligned_byte_size, s.byte_size), (256, 256));
     }
 }
