@@ -158,7 +158,9 @@ fi
 (
   # shellcheck disable=SC1091
   source "$R2/setup.bash"
-  "$VENV/bin/python" -c 'import rclpy, bpu_vlm_msgs.msg, bpu_vlm_msgs.srv, diagnostic_msgs.msg, cv2, numpy' ||
+  "$VENV/bin/python" -c 'import rclpy, rclpy.action, bpu_vlm_msgs.msg, bpu_vlm_msgs.srv, diagnostic_msgs.msg, rosgraph_msgs.msg, cv2, numpy
+from bpu_vlm_msgs.action import Ask
+Ask.Goal(), Ask.Result(), Ask.Feedback()' ||
     die "the venv cannot import rclpy/bpu_vlm_msgs (remove .ros2/ and rerun)"
 )
 log "ready: source .ros2/setup.bash (Python $PYVER, ROS 2 Jazzy wheels, bpu_vlm_msgs)"
