@@ -50,6 +50,7 @@ for f in \
   install/bpu_vlm/share/ament_index/resource_index/packages/bpu_vlm \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/msg/Token.msg \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/srv/Ask.srv \
+  install/bpu_vlm_msgs/share/bpu_vlm_msgs/action/Ask.action \
   install/bpu_vlm_msgs/share/ament_index/resource_index/packages/bpu_vlm_msgs; do
   if [ -e "$f" ]; then echo "  ok  $f"; else echo "  MISSING $f"; fail=1; fi
 done
@@ -59,17 +60,11 @@ pkgs=$(colcon list --base-paths src/bpu_vlm src/bpu_vlm/msg --names-only | sort 
 pkgs=$(colcon list --base-paths src --names-only | sort | tr '\n' ' ')
 [ "$pkgs" = "bpu_vlm " ] || { echo "  colcon list --base-paths src found: $pkgs (want: bpu_vlm)"; fail=1; }
 
-# `ros2 launch` is not installable here: check the launch file statically.
-python3 - install/bpu_vlm/share/bpu_vlm/launch/vlm.launch.py <<'EOF' || fail=1
-import ast, sys
-tree = ast.parse(open(sys.argv[1]).read())
-calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-def name(c): return getattr(c.func, 'id', getattr(c.func, 'attr', ''))
-args = {c.args[0].value for c in calls if name(c) == 'DeclareLaunchArgument'}
-want = {'model_dir', 'image_topic', 'params_file'}
-assert want <= args, f'launch arguments {args}, want {want}'
-nodes = [{k.arg: getattr(k.value, 'value', None) for k in c.keywords} for c in calls if name(c) == 'Node']
-assert len(nodes) == 1 and nodes[0]['package'] == 'bpu_vlm' and nodes[0]['executable'] == 'vlm_node', nodes
-print('  ok  vlm.launch.py declares', sorted(args), 'and starts bpu_vlm/vlm_node')
-EOF
+# `ros2 launch` is not installable here: check the installed launch file statically and
+# run the unit test of its node_kwargs (the same checks tests/node.rs runs on the source).
+for t in check_launch.py test_launch_args.py; do
+  out=$("$R2/venv/bin/python" src/bpu_vlm/tests/peers/$t install/bpu_vlm/share/bpu_vlm/launch/vlm.launch.py 2>&1) &&
+    [[ $out == *"PEER OK"* ]] && echo "  ok  $t on the installed vlm.launch.py" ||
+    { echo "$out"; echo "  FAILED $t on the installed vlm.launch.py"; fail=1; }
+done
 exit $fail

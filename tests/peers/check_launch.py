@@ -1,13 +1,23 @@
 """Static check of launch/vlm.launch.py (ros2 launch is not installable from PyPI).
 
-Parses the file with `ast` and checks what it promises: the arguments model_dir,
-image_topic and params_file; one Node action starting bpu_vlm's vlm_node named vlm_node
-with the params file first and then model_dir / image_topics from the arguments; the
-default params file is share/bpu_vlm/launch/vlm_params.yaml. Prints "PEER OK" on success.
+Parses the file with `ast` and checks its structure: the declared arguments (LAUNCH_ARGUMENTS:
+params_file, model_dir, image_topic, namespace, use_sim_time, log_level, demo_model, respawn,
+respawn_delay) with their defaults; no launch/launch_ros import at module level (so
+node_kwargs imports without them); generate_launch_description declares every argument and
+starts exactly one Node, built from node_kwargs inside an OpaqueFunction; node_kwargs names
+bpu_vlm's vlm_node; the default params file is share/bpu_vlm/launch/vlm_params.yaml. What
+node_kwargs returns is tested by tests/peers/test_launch_args.py. Prints "PEER OK" on success.
 """
 
 import ast
 import sys
+
+ARGUMENTS = {
+    'params_file': None, 'model_dir': '', 'image_topic': '', 'namespace': '',
+    'use_sim_time': '', 'log_level': '', 'demo_model': '', 'respawn': 'true',
+    'respawn_delay': '5.0',
+}
+LAUNCH_MODULES = ('launch', 'launch_ros', 'ament_index_python')
 
 
 def call_name(node):
@@ -15,38 +25,52 @@ def call_name(node):
     return f.id if isinstance(f, ast.Name) else getattr(f, 'attr', None)
 
 
-def kwargs(node):
-    return {k.arg: k.value for k in node.keywords}
-
-
-def launch_config(node):
-    if isinstance(node, ast.Call) and call_name(node) == 'LaunchConfiguration':
-        return node.args[0].value
-    return None
+def imported(node):
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or '']
+    return []
 
 
 def main(path):
     tree = ast.parse(open(path, encoding='utf-8').read(), path)
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    declared = {c.args[0].value: kwargs(c) for c in calls if call_name(c) == 'DeclareLaunchArgument'}
-    assert set(declared) == {'model_dir', 'image_topic', 'params_file'}, declared.keys()
-    assert declared['model_dir']['default_value'].value == ''
-    assert declared['image_topic']['default_value'].value == '/image_raw'
+    top = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.Assign))
+           and hasattr(n, 'name')}
+    for stmt in tree.body:
+        for mod in imported(stmt):
+            assert mod.split('.')[0] not in LAUNCH_MODULES, \
+                f'module-level import of {mod}: node_kwargs must import without launch'
+
+    (args_assign,) = [s for s in tree.body if isinstance(s, ast.Assign)
+                      and [getattr(t, 'id', None) for t in s.targets] == ['LAUNCH_ARGUMENTS']]
+    declared = {name: default for name, default, _ in ast.literal_eval(args_assign.value)}
+    assert declared == ARGUMENTS, declared
+    assert float(declared['respawn_delay']) >= 5.0, 'respawn_delay default >= 5 s'
+
+    assert 'node_kwargs' in top and 'generate_launch_description' in top, sorted(top)
+    strings = {n.value for n in ast.walk(top['node_kwargs'])
+               if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert {'bpu_vlm', 'vlm_node', 'parameters', 'respawn', 'respawn_delay',
+            'ros_arguments', '--log-level', 'namespace'} <= strings, strings
+
+    gen = top['generate_launch_description']
+    gen_imports = [m for s in ast.walk(gen) for m in imported(s)]
+    assert {'launch', 'launch.actions', 'launch_ros.actions'} <= set(gen_imports), gen_imports
+    calls = [n for n in ast.walk(gen) if isinstance(n, ast.Call)]
+    names = [call_name(c) for c in calls]
+    assert names.count('DeclareLaunchArgument') == 1, 'one DeclareLaunchArgument per LAUNCH_ARGUMENTS entry'
+    comps = [n for n in ast.walk(gen) if isinstance(n, ast.ListComp)]
+    assert any(getattr(c.generators[0].iter, 'id', None) == 'LAUNCH_ARGUMENTS' for c in comps), \
+        'arguments declared from LAUNCH_ARGUMENTS'
+    assert names.count('OpaqueFunction') == 1
+    nodes = [c for c in calls if call_name(c) == 'Node']
+    assert len(nodes) == 1, 'exactly one Node action'
+    (kw,) = nodes[0].keywords
+    assert kw.arg is None and call_name(kw.value) == 'node_kwargs', 'Node(**node_kwargs(...))'
     joins = [c for c in calls if call_name(c) == 'join']
     assert any([getattr(a, 'value', None) for a in j.args[1:]] == ['launch', 'vlm_params.yaml']
                for j in joins), 'default params file'
-    nodes = [c for c in calls if call_name(c) == 'Node']
-    assert len(nodes) == 1, 'exactly one Node action'
-    kw = kwargs(nodes[0])
-    assert kw['package'].value == 'bpu_vlm'
-    assert kw['executable'].value == 'vlm_node'
-    assert kw['name'].value == 'vlm_node'
-    params = kw['parameters'].elts
-    assert launch_config(params[0]) == 'params_file', 'the params file comes first'
-    overrides = {k.value: v for k, v in zip(params[1].keys, params[1].values)}
-    assert launch_config(overrides['model_dir']) == 'model_dir'
-    assert [launch_config(e) for e in overrides['image_topics'].elts] == ['image_topic']
-    assert set(overrides) == {'model_dir', 'image_topics'}, 'the launch file sets nothing else'
     print('PEER OK')
 
 
