@@ -8,14 +8,13 @@ use vlm_testkit as common;
 use std::path::Path;
 
 use bpu_sim::{FaultAction, FaultRule, Sim, SimConfig};
-use common::{argmax, golden_case, max_abs_diff, sim_package, tokenizer};
-use vlm_bpu::{BpuBackend, BpuError, BpuOptions};
-use vlm::chat::Pos3;
-use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, EngineError};
-use vlm::sampler::{Sampler, SamplingParams};
+use common::{
+    argmax, assert_logits_close, golden_case, sim_package, text_then_greedy, tokenizer,
+    try_generate_text, LOGIT_TOL,
+};
+use vlm::engine::{prompt_from_ids, Backend, Engine, EngineError};
 use vlm::stream::StreamConfig;
-
-const F32_TOL: f32 = 1e-4;
+use vlm_bpu::{BpuBackend, BpuError, BpuOptions};
 
 fn sim(cfg: SimConfig) -> Sim {
     let s = Sim::new(cfg);
@@ -136,23 +135,6 @@ fn a_graph_for_another_march_is_refused_naming_the_file() {
     open(ok.path(), &BpuOptions::default()).unwrap();
 }
 
-/// Prompt, then `steps` greedy steps: the logits of the prompt and of every step.
-fn run(b: &mut BpuBackend, ids: &[u32], steps: usize) -> Vec<Vec<f32>> {
-    b.reset().unwrap();
-    let mut rows = Vec::new();
-    b.embed(ids, &mut rows).unwrap();
-    let pos: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
-    let mut all = vec![b.step(&rows, &pos).unwrap().to_vec()];
-    for _ in 0..steps {
-        let t = argmax(all.last().unwrap());
-        let mut x = Vec::new();
-        b.embed(&[t], &mut x).unwrap();
-        let p = [Pos3::text(b.next_position())];
-        all.push(b.step(&x, &p).unwrap().to_vec());
-    }
-    all
-}
-
 #[test]
 fn a_padded_tail_matches_stepping() {
     let d = tempfile::tempdir().unwrap();
@@ -181,9 +163,9 @@ fn a_padded_tail_matches_stepping() {
         (long[..34].to_vec(), false),
     ] {
         let r0 = s.stats().runs;
-        let a = run(&mut st, &ids, 8);
+        let a = text_then_greedy(&mut st, &ids, 8);
         let r1 = s.stats().runs;
-        let b = run(&mut pd, &ids, 8);
+        let b = text_then_greedy(&mut pd, &ids, 8);
         let r2 = s.stats().runs;
         let tail = ids.len() % 32;
         let (stepped_runs, padded_runs) = (r1 - r0, r2 - r1);
@@ -199,9 +181,8 @@ fn a_padded_tail_matches_stepping() {
         }
         assert_eq!(st.consumed(), pd.consumed());
         assert_eq!(st.max_pos(), pd.max_pos());
+        assert_logits_close(&b, &a, LOGIT_TOL, &format!("{} rows", ids.len()));
         for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-            let dlt = max_abs_diff(x, y);
-            assert!(dlt <= F32_TOL, "{} rows: step {i}: {dlt}", ids.len());
             assert_eq!(argmax(x), argmax(y), "{} rows: step {i}", ids.len());
         }
         // The window after the padded tail is the stepped one: snapshots agree.
@@ -213,7 +194,7 @@ fn a_padded_tail_matches_stepping() {
     sim_package("tiny-sym", plain.path(), |o| o.cache_len = 128);
     let mut p = open(plain.path(), &padding).unwrap();
     let r0 = s.stats().runs;
-    run(&mut p, &long, 0);
+    text_then_greedy(&mut p, &long, 0);
     assert_eq!(s.stats().runs - r0, 1 + 13);
 }
 
@@ -235,15 +216,7 @@ fn a_fault_mid_generation_fails_the_request_and_the_next_succeeds() {
     let prompt = prompt_from_ids(&c.ids, u32::MAX, 1).unwrap();
     let go = |e: &mut Engine<BpuBackend>| {
         e.backend_mut().reset().unwrap();
-        let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
-        e.generate(
-            &prompt,
-            &[],
-            &mut sampler,
-            StreamConfig::new(Vec::new(), c.greedy.len()),
-            DecodeOptions::default(),
-            &mut |_| {},
-        )
+        try_generate_text(e, &prompt, StreamConfig::new(Vec::new(), c.greedy.len()))
     };
     let clean = go(&mut e).unwrap().completion.tokens;
     assert_eq!(clean, c.greedy);

@@ -12,20 +12,15 @@ use std::process::{Command, Stdio};
 
 use serde_json::Value;
 use vlm::assistant::Turn;
-use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 use vlm::chat::{Segment, SystemOptions, UserTurn};
 use vlm::engine::{CpuOptions, ImageInput};
 use vlm::stream::FinishReason;
-use vlm::vision::RgbImage;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 const MAX_NEW: usize = 10;
 
 fn image(name: &str) -> ImageInput {
-    let img = image::open(common::fixtures().join("images").join(name))
-        .unwrap()
-        .to_rgb8();
-    let (w, h) = (img.width() as usize, img.height() as usize);
-    ImageInput::Rgb(RgbImage::new(w, h, img.into_raw()).unwrap())
+    common::image_input(&common::fixtures().join("images").join(name))
 }
 
 fn turn(text: &str, images: Vec<ImageInput>) -> Turn {

@@ -7,9 +7,6 @@ use vlm_testkit as common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// f32 logits vs HF goldens (issue 3).
-const LOGIT_TOL: f32 = 1e-4;
-
 fn run(dir: &Path, ids: &[u32], images: &[PathBuf], max_new: usize) -> std::process::Output {
     let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm"));
@@ -21,14 +18,6 @@ fn run(dir: &Path, ids: &[u32], images: &[PathBuf], max_new: usize) -> std::proc
     }
     cmd.args(["--max-new", &max_new.to_string(), "--json"]);
     cmd.output().unwrap()
-}
-
-fn u32s(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
-        .collect()
 }
 
 #[test]
@@ -50,21 +39,21 @@ fn generate_hf_matches_goldens() {
                 "exactly one JSON line"
             );
             let j: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-            assert_eq!(u32s(&j["prompt_ids"]), case.ids);
-            assert_eq!(u32s(&j["tokens"]), case.greedy, "{name}/{cname}: tokens");
+            assert_eq!(common::ids(&j["prompt_ids"]), case.ids);
+            assert_eq!(
+                common::ids(&j["tokens"]),
+                case.greedy,
+                "{name}/{cname}: tokens"
+            );
             let want = common::golden_step_logits(name, &case);
-            let logits = j["logits"].as_array().unwrap();
+            let logits = common::f32_rows(&j["logits"]);
             assert_eq!(logits.len(), case.greedy.len());
-            for (i, row) in logits.iter().enumerate() {
-                let row: Vec<f32> = row
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect();
-                let d = common::max_abs_diff(&row, &want[i]);
-                assert!(d <= LOGIT_TOL, "{name}/{cname}: step {i} max |diff| {d}");
-            }
+            common::assert_logits_close(
+                &logits,
+                &want,
+                common::LOGIT_TOL,
+                &format!("{name}/{cname}"),
+            );
         }
     }
 }

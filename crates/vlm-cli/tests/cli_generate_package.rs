@@ -13,11 +13,10 @@ use std::process::{Command, Output};
 use bpu_sim::package::{PackageOptions, PrefillIn};
 use bpu_sim::LogitsType;
 use common::{
-    golden_case, golden_step_logits, ids, max_abs_diff, model_dir, sim_package, GoldenCase,
+    assert_logits_close, f32_rows, golden_case, golden_step_logits, ids, model_dir, sim_package,
+    GoldenCase, LOGIT_TOL,
 };
 
-/// f32 logits vs the HF goldens (issue 5).
-const F32_TOL: f32 = 1e-4;
 /// The S16 scale `make_sim_package` writes by default.
 fn s16_scale() -> f32 {
     PackageOptions::new(Path::new("."), Path::new(".")).s16_scale
@@ -80,28 +79,13 @@ fn parse(out: &Output, what: &str) -> Run {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     Run {
         tokens: ids(&j["tokens"]),
-        logits: j["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap() as f32)
-                    .collect()
-            })
-            .collect(),
+        logits: f32_rows(&j["logits"]),
     }
 }
 
 fn assert_matches(got: &Run, want_tokens: &[u32], want_logits: &[Vec<f32>], tol: f32, what: &str) {
     assert_eq!(got.tokens, want_tokens, "{what}: tokens");
-    assert_eq!(got.logits.len(), want_logits.len(), "{what}: steps");
-    for (i, (a, b)) in got.logits.iter().zip(want_logits).enumerate() {
-        let d = max_abs_diff(a, b);
-        assert!(d <= tol, "{what}: step {i}: max |Δ| {d} > {tol}");
-    }
+    assert_logits_close(&got.logits, want_logits, tol, what);
 }
 
 type Tweak = fn(&mut PackageOptions);
@@ -151,9 +135,9 @@ fn generate_package_matches_goldens_and_generate_hf_over_the_variant_matrix() {
         let d = tempfile::tempdir().unwrap();
         sim_package(model, d.path(), tweak);
         let tol = if s16 {
-            s16_scale() / 2.0 + F32_TOL
+            s16_scale() / 2.0 + LOGIT_TOL
         } else {
-            F32_TOL
+            LOGIT_TOL
         };
         for (c, want) in cases.iter().zip(&goldens) {
             let what = format!("{name} / {}", c.name);
@@ -179,7 +163,7 @@ fn generate_package_equals_generate_hf_with_two_images_and_on_the_untied_model()
             let hf = parse(&generate("--hf", &model_dir(model), &c, &[]), "hf");
             let pkg = parse(&generate("--package", d.path(), &c, &[]), "package");
             let what = format!("{model} / {name}: --package vs --hf");
-            assert_matches(&pkg, &hf.tokens, &hf.logits, F32_TOL, &what);
+            assert_matches(&pkg, &hf.tokens, &hf.logits, LOGIT_TOL, &what);
             assert_eq!(pkg.tokens, c.greedy, "{what}: goldens");
         }
     }
@@ -264,6 +248,6 @@ fn generate_package_with_a_padded_tail_matches_the_goldens() {
             &generate_with("--package", d.path(), &c, &[], &["--pad-tail"]),
             &what,
         );
-        assert_matches(&got, &c.greedy, &want, F32_TOL, &what);
+        assert_matches(&got, &c.greedy, &want, LOGIT_TOL, &what);
     }
 }

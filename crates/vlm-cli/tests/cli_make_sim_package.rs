@@ -2,23 +2,17 @@
 //! package it writes opens through the BPU path on the simulator with the requested variant.
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use bpu_sim::{Sim, SimConfig};
-use vlm_bpu::{BpuBackend, BpuOptions};
 use vlm::engine::Backend;
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/fixtures/models")
-        .join(name)
-}
+use vlm_bpu::{BpuBackend, BpuOptions};
 
 fn make(out: &Path, extra: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_vlm"))
         .args(["make-sim-package", "--hf"])
-        .arg(fixture("tiny-sym"))
+        .arg(vlm_testkit::model_dir("tiny-sym"))
         .arg("--out")
         .arg(out)
         .args(extra)
@@ -54,10 +48,7 @@ fn defaults_write_the_published_layout() {
         s
     };
     let b = BpuBackend::open(&out, &BpuOptions::default()).unwrap();
-    let cfg: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(fixture("tiny-sym").join("config.json")).unwrap())
-            .unwrap();
-    let heads = cfg["text_config"]["num_attention_heads"].as_u64().unwrap() as usize;
+    let heads = vlm_testkit::config("tiny-sym").text.num_attention_heads;
     assert_eq!(b.info().prefill_chunk, 32);
     assert_eq!(b.info().mask_heads, heads);
     assert_eq!(b.logits_format().0, hbdnn::DType::F32);

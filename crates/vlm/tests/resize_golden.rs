@@ -5,8 +5,11 @@ use std::path::PathBuf;
 
 use vlm::vision::{preprocess, resize_bicubic, Geometry, RgbImage};
 
+/// Normalised pixel values vs the Pillow golden (one f32 rounding of `(v / 255 - 0.5) / 0.5`).
+const PIXEL_TOL: f32 = 1e-6;
+
 fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/fixtures/resize")
+    vlm_testkit::fixtures().join("resize")
 }
 
 /// Same formula as `pattern()` in tools/fixtures/resize/generate.py (u32, wrapping).
@@ -103,6 +106,6 @@ fn preprocess_of_a_golden_case_uses_the_exact_resize() {
     );
     for px in 0..16 {
         let v = f32::from(golden.get_pixel(px, 0)[0]);
-        assert!((pv.data[px as usize] - (v / 255.0 - 0.5) / 0.5).abs() < 1e-6);
+        assert!((pv.data[px as usize] - (v / 255.0 - 0.5) / 0.5).abs() < PIXEL_TOL);
     }
 }
