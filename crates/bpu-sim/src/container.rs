@@ -92,6 +92,10 @@ pub struct TextParams {
     /// the last axis): a runtime that reads `scale[0]` only gets wrong logits.
     #[serde(default, skip_serializing_if = "is_false")]
     pub logits_per_axis: bool,
+    /// K/V windows of one head (`[CL, 1, D]`) report other strides on the output side than on
+    /// the input side (the size-1 head dim's), describing the same bytes.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cache_out_strides: bool,
 }
 
 fn is_false(b: &bool) -> bool {

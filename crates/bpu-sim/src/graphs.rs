@@ -78,6 +78,23 @@ pub fn cache_descs(cfg: &TextConfig, window: usize) -> Vec<TensorDesc> {
     out
 }
 
+/// The cache outputs of [`TextParams::cache_out_strides`]: every K/V window `[CL, 1, D]` (one
+/// K/V head) gets an explicit window pitch of two rows on both sides, and the output reports
+/// its size-1 head dim with the whole pitch as stride — other strides than the input's, the
+/// same bytes. `caches` are the inputs, changed in place; returns the outputs.
+fn differing_cache_outputs(caches: &mut [TensorDesc]) -> Vec<TensorDesc> {
+    let mut outs = caches.to_vec();
+    for (i, o) in caches.iter_mut().zip(&mut outs) {
+        if let [_, 1, d] = i.shape[..] {
+            let row = i64::from(d) * 4;
+            let pitch = 2 * ((row + 31) / 32 * 32);
+            i.strides = vec![pitch, row, 4];
+            o.strides = vec![pitch, pitch, 4];
+        }
+    }
+    outs
+}
+
 /// The text graph's I/O (contract §3.1 / §4.2).
 pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDesc {
     let f32t = sys::HB_DNN_TENSOR_TYPE_F32;
@@ -94,8 +111,13 @@ pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDes
         tensor(&[n, cfg.rotary_dim], f32t, vec![], dy),
         tensor(&mask_shape, f32t, vec![], dy),
     ];
-    let caches = cache_descs(cfg, p.window);
-    inputs.extend(caches.iter().cloned());
+    let mut caches = cache_descs(cfg, p.window);
+    let cache_outs = if p.cache_out_strides {
+        differing_cache_outputs(&mut caches)
+    } else {
+        caches.clone()
+    };
+    inputs.extend(caches);
     let logit_rows = if n > 1 && p.logits_all_rows { n } else { 1 };
     let logits = match p.logits {
         LogitsType::F32 => tensor(&[logit_rows, cfg.vocab_size], f32t, vec![], dy),
@@ -111,7 +133,7 @@ pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDes
         ),
     };
     let mut outputs = vec![logits];
-    outputs.extend(caches);
+    outputs.extend(cache_outs);
     GraphDesc {
         name: name.to_owned(),
         kind: GraphKind::Qwen35Text(p.clone()),

@@ -63,6 +63,9 @@ pub struct PackageOptions {
     /// `--quant-axis`: the text graphs' logits are S16 with per-axis scales (`scaleLen` =
     /// vocab, `quantizeAxis` = 1), which a runtime must refuse rather than read `scale[0]`.
     pub quant_axis: bool,
+    /// K/V caches of one head report other strides for their outputs than for their inputs
+    /// (same bytes; [`crate::TextParams::cache_out_strides`]). Not with `dynamic_strides`.
+    pub cache_out_strides: bool,
 }
 
 impl PackageOptions {
@@ -90,6 +93,7 @@ impl PackageOptions {
             tower_rank: 2,
             dynamic_strides: false,
             quant_axis: false,
+            cache_out_strides: false,
         }
     }
 }
@@ -212,6 +216,11 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
             "per-axis scales (--quant-axis) need S16 logits (--logits s16)".into(),
         ));
     }
+    if o.cache_out_strides && o.dynamic_strides {
+        return Err(PackageError::Option(
+            "differing cache output strides need fixed strides (not --dynamic-strides)".into(),
+        ));
+    }
     if o.prefill_chunk < 2 || o.prefill_chunk > o.cache_len {
         return Err(PackageError::Option(format!(
             "prefill chunk {} must be in 2..=cache_len ({})",
@@ -269,6 +278,7 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         pads: false,
         dynamic_strides: o.dynamic_strides,
         logits_per_axis: o.quant_axis,
+        cache_out_strides: o.cache_out_strides,
     };
     let prefill = TextParams {
         rows: o.prefill_chunk,
