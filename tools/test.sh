@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run):  bash tools/test.sh
 #
-# Phases, each timed: ROS 2 bootstrap (idempotent) -> cargo fmt --check -> cargo clippy
-# -D warnings -> one `cargo test --workspace` -> aarch64 cross-check of the non-ROS crates
-# -> colcon build check in a throwaway workspace (tools/colcon-check.sh).
+# Phases, each timed against a budget (a cold CI run on 2 cores; over budget warns, never
+# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> cargo clippy -D warnings -> one
+# `cargo test --workspace` -> aarch64: check of every non-ROS crate for the board's target,
+# then the tests that prove the architecture under qemu-user -> colcon build check in a
+# throwaway workspace (tools/colcon-check.sh).
 #
 # `cargo test` (not nextest): it ships with the toolchain, so a cold machine builds nothing
 # extra, and one invocation keeps one target directory. ROS tests isolate themselves
@@ -11,25 +13,57 @@
 #
 # Environment: SKIP_COLCON=1 skips the colcon phase (it builds the node a second time in
 # its own target directory); CARGO_TARGET_DIR is honoured.
+#
+#   bash tools/test.sh --only PHASE[,PHASE...]   runs just those phases (names as in the
+#                                                summary, e.g. --only aarch64)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
+ONLY=
+case "${1:-}" in
+  --only) ONLY=,${2:?--only needs a phase name},; shift 2 ;;
+  --only=*) ONLY=,${1#--only=},; shift ;;
+  "") ;;
+  *) echo "usage: bash tools/test.sh [--only PHASE[,PHASE...]]" >&2; exit 2 ;;
+esac
+wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
+
+# Seconds per phase on a cold CI run (fresh clone, 2 cores; README "What the test command
+# does"), about 1.3x the measured time. Over budget prints a warning: the whole command must
+# stay under 45 minutes (TOTAL_BUDGET), and a phase that grows is where to look first.
+declare -A BUDGET=(
+  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [clippy]=450 [test]=620 [aarch64]=240
+  [colcon]=780
+)
+TOTAL_BUDGET=2700
+for p in ${ONLY//,/ }; do
+  [ -n "${BUDGET[$p]:-}" ] || { echo "unknown phase '$p' (phases: ${!BUDGET[*]})" >&2; exit 2; }
+done
+
 SUMMARY=()
 T_ALL=$(date +%s)
-phase() { # phase NAME CMD...
+OVER=()
+phase() { # phase NAME CMD...: runs CMD unless --only leaves NAME out; times it against BUDGET
   local name=$1 t0 rc
   shift
+  wanted "$name" || return 0
+  local budget=${BUDGET[$name]:-0}
   echo
-  echo "=== [$name] $*"
+  echo "=== [$name] $*  (budget ${budget}s)"
   t0=$(date +%s)
   set +e
   "$@"
   rc=$?
   set -e
-  local dt=$(($(date +%s) - t0))
-  SUMMARY+=("$(printf '%-12s %5ds  %s' "$name" "$dt" "$([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)")")")
-  echo "=== [$name] ${dt}s, exit $rc"
+  local dt=$(($(date +%s) - t0)) note=
+  if [ "$budget" -gt 0 ] && [ "$dt" -gt "$budget" ]; then
+    note="  OVER BUDGET by $((dt - budget))s"
+    OVER+=("$name")
+    echo "[test] WARNING: phase $name took ${dt}s, over its ${budget}s budget" >&2
+  fi
+  SUMMARY+=("$(printf '%-12s %5ds  budget %5ds  %s%s' "$name" "$dt" "$budget" "$([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc)")" "$note")")
+  echo "=== [$name] ${dt}s (budget ${budget}s), exit $rc"
   if [ $rc != 0 ]; then
     print_summary
     exit $rc
@@ -40,11 +74,16 @@ print_summary() {
   echo
   echo "=== phase times"
   printf '%s\n' "${SUMMARY[@]}"
-  echo "total        $(($(date +%s) - T_ALL))s"
+  local total=$(($(date +%s) - T_ALL))
+  printf '%-12s %5ds  budget %5ds%s\n' total "$total" "$TOTAL_BUDGET" \
+    "$([ "$total" -gt "$TOTAL_BUDGET" ] && echo "  OVER BUDGET by $((total - TOTAL_BUDGET))s")"
+  if [ ${#OVER[@]} -gt 0 ]; then
+    echo "WARNING: over budget: ${OVER[*]} (a warning, not a failure; README \"What the test command does\")"
+  fi
   echo "disk         $(du -sh "$ROOT/target" "$ROOT/.cache" "$ROOT/.ros2" 2>/dev/null | awk '{ printf "%s %s  ", $2, $1 }' | sed "s|$ROOT/||g")"
   # One closing line over every test binary of the cargo test phase (cargo prints one
   # "test result" line per binary, the last of which is often a doc-test binary with 0 tests).
-  if [ -f "$TEST_LOG" ]; then
+  if wanted test && [ -f "$TEST_LOG" ]; then
     awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1); if ($i ~ /^ignored;?$/) s += $(i-1) } }
          END { printf "tests: %d passed, %d failed, %d skipped\n", p, f, s }' "$TEST_LOG"
   fi
@@ -65,25 +104,96 @@ need_root_apt() { # need_root_apt PKG...: installs the Debian packages that are 
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 }
 
-cross_check() {
-  need_root_apt gcc-aarch64-linux-gnu libc6-dev-arm64-cross
-  rustup target list --installed | grep -qx aarch64-unknown-linux-gnu || rustup target add aarch64-unknown-linux-gnu
+# The board's CPU architecture (RDK S100P: Cortex-A78AE cores, aarch64). Every non-ROS crate
+# is checked for the board's target (c_char sign and similar FFI traps), then the tests that
+# prove the architecture run under qemu-user: FFI struct layouts, the bf16 kernels with the
+# NEON path asserted as the one the run-time dispatch takes, the simulator graphs against the
+# CPU reference, and one BPU-backend generation against the HF goldens. Nothing here needs
+# ROS. qemu has no Cortex-A78AE model; cortex-a76 is the same ARMv8.2-A core generation with
+# the same user-visible features (Advanced SIMD, FP16, dot product, LSE, RCpc; no SVE), so
+# run-time feature detection sees what it sees on the board.
+AARCH64_TARGET=aarch64-unknown-linux-gnu
+AARCH64_CRATES=(hbdnn-sys hbdnn bpu-sim qwen35 vlm vlm-bpu vlm-cli camera-frame)
+AARCH64_QEMU_CPU=cortex-a76
+aarch64_phase() ( # a subshell: the cross-build environment stays inside this phase
+  set -euo pipefail
+  need_root_apt gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+  rustup target list --installed | grep -qx "$AARCH64_TARGET" || rustup target add "$AARCH64_TARGET"
   # cc-rs and bindgen need the cross compiler and the arm64 sysroot; the linker is set in
-  # .cargo/config.toml.
-  CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
-    AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-    BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu -I/usr/aarch64-linux-gnu/include" \
-    cargo check --target aarch64-unknown-linux-gnu \
-    -p hbdnn-sys -p hbdnn -p bpu-sim -p qwen35 -p vlm -p vlm-bpu -p vlm-cli -p camera-frame
-}
+  # .cargo/config.toml. Test binaries run under qemu-user with the cross sysroot's dynamic
+  # loader and libraries, without the host's (ROS) library path.
+  export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+  export AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar
+  export BINDGEN_EXTRA_CLANG_ARGS_aarch64_unknown_linux_gnu="--sysroot=/usr/aarch64-linux-gnu -I/usr/aarch64-linux-gnu/include"
+  export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu -U LD_LIBRARY_PATH"
+  export QEMU_CPU=$AARCH64_QEMU_CPU
+  # the dispatch under test must choose by itself
+  unset QWEN35_BF16_ISA
+  local pkgs=() c
+  for c in "${AARCH64_CRATES[@]}"; do pkgs+=(-p "$c"); done
+  echo "--- [aarch64] cargo check of every non-ROS crate"
+  cargo check --target "$AARCH64_TARGET" "${pkgs[@]}"
+
+  # One build of every test binary run below, then one `cargo test` per group with the same
+  # package list: cargo unifies features over the packages of an invocation, so a different
+  # list would rebuild the shared dependencies (gemm, rayon, ...) with other features.
+  local test_pkgs=(-p hbdnn-sys -p hbdnn -p qwen35 -p vlm-bpu)
+  echo "--- [aarch64] build of the tests that run under qemu"
+  cargo test --target "$AARCH64_TARGET" "${test_pkgs[@]}" --no-run \
+    --lib --test layout --test kernel_path --test sim_graphs --test bpu_sim
+  local results=()
+  qemu_tests() { # qemu_tests WHAT MIN_PASSED CARGO_TEST_ARGS...: fails on a failed test,
+    # and when fewer than MIN_PASSED tests ran (a test filter that no longer matches)
+    local what=$1 min=$2 log rc n t0
+    shift 2
+    log=$(mktemp)
+    echo "--- [aarch64] under qemu-aarch64 -cpu $QEMU_CPU: $what: cargo test $*"
+    t0=$(date +%s)
+    set +e
+    cargo test --target "$AARCH64_TARGET" "${test_pkgs[@]}" "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    set -e
+    n=$(awk '/^test result:/ { for (i = 1; i <= NF; i++) if ($i ~ /^passed;?$/) p += $(i-1) } END { print p + 0 }' "$log")
+    rm -f "$log"
+    local line
+    line=$(printf '%-34s %3d passed  %4ds' "$what" "$n" "$(($(date +%s) - t0))")
+    if [ "$rc" != 0 ]; then
+      results+=("$line  FAILED (cargo test exit $rc)")
+      return "$rc"
+    fi
+    if [ "$n" -lt "$min" ]; then
+      results+=("$line  FAILED: at least $min expected (a test filter that matches nothing?)")
+      return 1
+    fi
+    results+=("$line")
+  }
+  # Every group runs; the phase fails at the end if one failed.
+  local failed=()
+  qemu_tests "hbdnn-sys struct layouts" 5 --test layout || failed+=(layouts)
+  qemu_tests "qwen35 kernels (every bf16 path)" 6 --lib -- kernels:: || failed+=(kernels)
+  qemu_tests "qwen35 dispatch takes NEON" 1 --test kernel_path || failed+=(neon-dispatch)
+  qemu_tests "hbdnn simulator graphs" 8 --test sim_graphs || failed+=(sim-graphs)
+  # One BPU-backend generation (a simulator package of the tiny-sym fixture) checked against
+  # the HF goldens' greedy tokens and the CPU reference's logits; the filter also matches
+  # the test's former name (..._cpu_backend).
+  qemu_tests "vlm-bpu generation vs HF goldens" 1 --test bpu_sim -- golden_cases_match_the_cpu ||
+    failed+=(bpu-goldens)
+  echo "--- [aarch64] under qemu-aarch64 -cpu $QEMU_CPU:"
+  printf '  %s\n' "${results[@]}"
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "[aarch64] FAILED under qemu: ${failed[*]}" >&2
+    return 1
+  fi
+)
 
 ensure_rust_components() {
   cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
   cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 }
 
-# A full run from a fresh clone peaks at about 3 GB (target/, .cache/colcon-check/, .ros2/); a
-# full disk shows up as an obscure link error deep in the test phase, so say it up front.
+# A full run from a fresh clone peaks at about 3.5 GB (target/, of which the aarch64 tests
+# take 0.5 GB, .cache/colcon-check/, .ros2/); a full disk shows up as an obscure link error
+# deep in the test phase, so say it up front.
 NEED_GB=4
 free_gb=$(df -Pk "$ROOT" | awk 'NR == 2 { print int($4 / 1048576) }')
 echo "[test] ${free_gb} GB free on $(df -P "$ROOT" | awk 'NR == 2 { print $6 }') (a fresh run needs about ${NEED_GB})"
@@ -92,14 +202,17 @@ if [ "${free_gb:-0}" -lt "$NEED_GB" ]; then
 fi
 
 phase bootstrap bash tools/ros2-bootstrap.sh
-# shellcheck disable=SC1091
-source .ros2/setup.bash
+# (with --only, phases that need no ROS run without a bootstrapped tree)
+if wanted bootstrap || [ -f .ros2/setup.bash ]; then
+  # shellcheck disable=SC1091
+  source .ros2/setup.bash
+fi
 phase rust-tools ensure_rust_components
 phase fmt cargo fmt --all --check
 phase clippy cargo clippy --workspace --all-targets -- -D warnings
-rm -f "$TEST_LOG"
+wanted test && rm -f "$TEST_LOG"
 phase test run_tests
-phase aarch64 cross_check
+phase aarch64 aarch64_phase
 if [ -z "${SKIP_COLCON:-}" ]; then
   phase colcon bash tools/colcon-check.sh
 fi

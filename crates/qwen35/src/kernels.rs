@@ -130,6 +130,13 @@ pub fn linear(x: &[f32], n: usize, k: usize, w: &[f32], m: usize) -> Vec<f32> {
     out
 }
 
+/// The bf16 GEMV path the run-time dispatch picked for this process ([`bf16::Isa::detect`]):
+/// `"avx512"`, `"avx2"`, `"neon"` or `"scalar"` (the names `QWEN35_BF16_ISA` takes). Tests
+/// assert it per architecture (`tests/kernel_path.rs`: `"neon"` on aarch64).
+pub fn active_path() -> &'static str {
+    bf16::Isa::detect().name()
+}
+
 /// `x[n, k] · wᵀ` for a weight `[m, k]` in its stored precision: f32 takes [`linear`]
 /// unchanged (the exact f32 path), bf16 takes [`bf16::linear`].
 pub fn linear_any(x: &[f32], n: usize, k: usize, w: &WeightData, m: usize) -> Vec<f32> {

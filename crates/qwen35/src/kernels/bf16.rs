@@ -71,6 +71,16 @@ impl Isa {
         }
     }
 
+    /// The path's name, as [`Isa::from_name`] and `QWEN35_BF16_ISA` take it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2Fma => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+        }
+    }
+
     /// The path used by [`gemv`], chosen once per process: the fastest supported one, or the
     /// one named by the environment variable `QWEN35_BF16_ISA` if this CPU supports it (for
     /// measurements and debugging; anything else is logged and ignored).
