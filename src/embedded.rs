@@ -1,10 +1,10 @@
-//! The embedded default model: a tiny random Qwen3.5 VLM (the `tiny-4b` test fixture: 4B-like
+//! The embedded demo model: a tiny random Qwen3.5 VLM (the `tiny-4b` test fixture: 4B-like
 //! layer pattern and head ratios, 320 px tower, 640-token vocabulary) compiled into the binary,
-//! so `vlm_node` answers out of the box on any machine. On first use it is written to a cache
-//! folder and turned into a sim package by the same code as `vlm make-sim-package`; the folder
-//! name carries the simulator container version and a hash of the files, so a new container
-//! version or new weights build a new package. It answers with random tokens: it shows the
-//! plumbing, not the model.
+//! so `vlm_node -p demo_model:=true` answers on any machine without a `model_dir`. On first
+//! use it is written to a cache folder and turned into a sim package by the same code as
+//! `vlm make-sim-package`; the folder name carries the simulator container version and a
+//! hash of the files, so a new container version or new weights build a new package. It
+//! answers with random tokens: it shows the plumbing, not the model.
 
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};

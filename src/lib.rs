@@ -16,7 +16,8 @@
 //!    reasons `vlm::stream::FinishReason` until then.
 //!
 //! [`node`] creates the entities, threads and shutdown; [`diagnostics`] reports on
-//! `/diagnostics`; [`rosout`] sends warnings to `/rosout`; [`embedded`] is the default model.
+//! `/diagnostics`; [`rosout`] sends warnings to `/rosout`; [`embedded`] is the demo model
+//! (`demo_model`); [`log_level`] sets the stderr log level from `--ros-args --log-level`.
 #![forbid(unsafe_code)]
 
 pub mod ask;
@@ -26,6 +27,7 @@ pub mod diagnostics;
 pub mod embedded;
 pub mod interface;
 pub mod job;
+pub mod log_level;
 pub mod names;
 pub mod node;
 pub mod outcome;

@@ -1,21 +1,22 @@
 //! `vlm_node`: the bpu_vlm ROS 2 node. Reads its parameters, opens the model on a worker
 //! thread, serves `/ask` once it is warm, and exits cleanly on SIGINT or SIGTERM. ROS
 //! arguments (`--ros-args ...`) are read by rcl from the command line. Logs go to stderr
-//! through `tracing` (`RUST_LOG`, default `info`); warnings and errors also go to `/rosout`
-//! under the node's name, whatever `RUST_LOG` says.
+//! through `tracing`, at the level of `--ros-args --log-level` (else `RUST_LOG`, else `info`;
+//! [`bpu_vlm::log_level`]); warnings and errors also go to `/rosout` under the node's name,
+//! whatever the level says.
 
 use anyhow::Context as _;
 use bpu_vlm::rosout::{self, RosoutTarget};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use tracing_subscriber::{EnvFilter, Layer as _};
+use tracing_subscriber::Layer as _;
 
 fn main() -> anyhow::Result<()> {
     let rosout_target = RosoutTarget::default();
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+        .with_filter(bpu_vlm::log_level::stderr_filter(std::env::args()));
     tracing_subscriber::registry()
         .with(stderr)
         .with(rosout::layer(rosout_target.clone()))

@@ -147,7 +147,8 @@ impl SpinThread {
     }
 }
 
-/// The model the parameters ask for (the embedded one when `model_dir` is empty).
+/// The model the parameters ask for (the embedded one when `model_dir` is empty, which
+/// [`Params::require_model`] allows only with `demo_model`).
 fn model_source(p: &Params) -> Result<ModelSource, String> {
     match (&p.model_dir, p.backend) {
         (Some(d), BackendChoice::Cpu) => Ok(ModelSource::Hf(d.clone())),
@@ -157,7 +158,7 @@ fn model_source(p: &Params) -> Result<ModelSource, String> {
             let pkg = embedded::ensure_package(&root).map_err(|e| e.to_string())?;
             tracing::warn!(
                 package = %pkg.display(),
-                "no model_dir given: running the EMBEDDED TINY RANDOM MODEL on the BPU SIMULATOR \
+                "demo_model: running the EMBEDDED TINY RANDOM MODEL on the BPU SIMULATOR \
                  (its answers are random tokens; set model_dir to a package or, with backend:=cpu, \
                  an HF checkpoint)"
             );
@@ -176,6 +177,7 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
             .collect()
     };
     let params = Params::from_values(&given)?;
+    params.require_model()?;
     let mut map = node.params.lock().unwrap_or_else(|e| e.into_inner());
     for (name, value) in params.effective() {
         let description = crate::params::SPECS

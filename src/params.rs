@@ -25,7 +25,8 @@ fn s(v: &str) -> ParameterValue {
 
 /// Every parameter of `vlm_node`, in README order.
 pub const SPECS: &[Spec] = &[
-    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`) or, with `backend: cpu`, an HF checkpoint folder. Empty: the embedded tiny random model on the simulator." },
+    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true." },
+    Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model)." },
     Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35." },
     Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened)." },
     Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["/image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored." },
@@ -82,6 +83,7 @@ pub enum CameraQos {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     pub model_dir: Option<PathBuf>,
+    pub demo_model: bool,
     pub backend: BackendChoice,
     pub vision: bool,
     pub image_topics: Vec<String>,
@@ -111,6 +113,9 @@ pub struct Params {
     pub session_idle_s: f64,
     pub cache_dir: Option<PathBuf>,
 }
+
+/// Where the published 4B package goes on the board (the example in messages and docs).
+pub const EXAMPLE_MODEL_DIR: &str = "/opt/models/qwen35-4b/s100p/ctx4k";
 
 /// Upper bound of `max_new_tokens` (a request above it is absurd, not just long).
 pub const MAX_NEW_TOKENS_LIMIT: u32 = 32768;
@@ -267,6 +272,7 @@ impl Params {
         let unit = |x: f64| (0.0..=1.0).contains(&x);
         let p = Self {
             model_dir: r.opt_string("model_dir")?.map(PathBuf::from),
+            demo_model: r.bool("demo_model")?,
             backend,
             vision: r.bool("vision")?,
             image_topics: r.topics("image_topics")?,
@@ -317,6 +323,23 @@ impl Params {
         Ok(p)
     }
 
+    /// A model to serve: `model_dir`, or the embedded demo model when `demo_model` is true.
+    /// Neither is a configuration error (a robot must not answer with random tokens because
+    /// a setting was missed).
+    pub fn require_model(&self) -> Result<(), ParamError> {
+        if self.model_dir.is_none() && !self.demo_model {
+            return Err(ParamError {
+                name: "model_dir",
+                reason: format!(
+                    "empty: set it to the model package folder, e.g. model_dir:={EXAMPLE_MODEL_DIR} \
+                     (with backend:=cpu, an HF checkpoint folder), or set demo_model:=true to \
+                     serve the embedded tiny random model"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// The camera an ask without one uses.
     pub fn default_camera(&self) -> Option<String> {
         self.default_camera.clone().or_else(|| {
@@ -337,6 +360,7 @@ impl Params {
         };
         vec![
             ("model_dir", path(&self.model_dir)),
+            ("demo_model", ParameterValue::Bool(self.demo_model)),
             (
                 "backend",
                 s(match self.backend {
@@ -442,6 +466,26 @@ mod tests {
         let names: Vec<_> = p.effective().iter().map(|(n, _)| *n).collect();
         let specs: Vec<_> = SPECS.iter().map(|s| s.name).collect();
         assert_eq!(names, specs);
+    }
+
+    #[test]
+    fn an_empty_model_dir_needs_demo_model() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert!(!p.demo_model);
+        let e = p.require_model().unwrap_err();
+        assert_eq!(e.name, "model_dir");
+        assert!(e.to_string().contains(EXAMPLE_MODEL_DIR), "{e}");
+        assert!(e.to_string().contains("demo_model:=true"), "{e}");
+        let mut given = HashMap::new();
+        given.insert("demo_model".to_owned(), ParameterValue::Bool(true));
+        let p = Params::from_values(&given).unwrap();
+        p.require_model().unwrap();
+        given.insert("demo_model".to_owned(), ParameterValue::Bool(false));
+        given.insert("model_dir".to_owned(), ParameterValue::String("/m".into()));
+        let p = Params::from_values(&given).unwrap();
+        p.require_model().unwrap();
+        given.insert("demo_model".to_owned(), ParameterValue::Integer(1));
+        assert_eq!(Params::from_values(&given).unwrap_err().name, "demo_model");
     }
 
     #[test]

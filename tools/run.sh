@@ -2,9 +2,9 @@
 # The run command (README):  bash tools/run.sh
 #
 # Sets up ROS 2 (tools/ros2-bootstrap.sh, idempotent), builds vlm_node, starts it on the
-# embedded tiny random model through the BPU simulator (no model_dir), publishes a test
-# picture on its camera topic, asks about it and prints the answer as it streams on
-# /vlm/tokens, then stops the node with SIGINT.
+# embedded tiny random model through the BPU simulator (demo_model:=true, no model_dir),
+# publishes a test picture on its camera topic, asks about it and prints the answer as it
+# streams on /vlm/tokens, then stops the node with SIGINT.
 # Real models: see the README (model_dir:=<package> on the board, backend:=cpu for HF weights).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,8 +24,9 @@ echo "[run] cargo build -p bpu_vlm --bin vlm_node"
 cargo build -p bpu_vlm --bin vlm_node
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/vlm_node
 
-echo "[run] starting vlm_node (ROS_DOMAIN_ID=$ROS_DOMAIN_ID; no model_dir: embedded tiny model)"
-"$BIN" --ros-args --params-file launch/vlm_params.yaml -p cache_dir:="$ROOT/.cache/embedded-model" &
+echo "[run] starting vlm_node (ROS_DOMAIN_ID=$ROS_DOMAIN_ID; demo_model:=true: embedded tiny model)"
+"$BIN" --ros-args --params-file launch/vlm_params.yaml -p demo_model:=true \
+  -p cache_dir:="$ROOT/.cache/embedded-model" &
 NODE_PID=$!
 trap 'kill -INT $NODE_PID 2>/dev/null || true' EXIT
 

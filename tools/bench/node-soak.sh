@@ -12,7 +12,7 @@ export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))} ROS_AUTOMATIC_DISCO
 cargo build --release -p bpu_vlm --bin vlm_node
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/vlm_node
 PROFILE="$ROOT/launch/fastdds_large_frames.xml"
-RUST_LOG=warn "$BIN" --ros-args -p cache_dir:="$ROOT/.cache/embedded-model" -p queue_depth:=2 &
+RUST_LOG=warn "$BIN" --ros-args -p demo_model:=true -p cache_dir:="$ROOT/.cache/embedded-model" -p queue_depth:=2 &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null || true' EXIT
 FASTRTPS_DEFAULT_PROFILES_FILE=$PROFILE FASTDDS_DEFAULT_PROFILES_FILE=$PROFILE \
