@@ -33,6 +33,7 @@ pub mod node;
 pub mod outcome;
 pub mod params;
 pub mod registry;
+pub mod ros_text;
 pub mod rosout;
 pub mod sessions;
 pub mod token_sink;

@@ -2,7 +2,8 @@
 //! [`Outcome`]; its last Token's finish reason, its `Answer` and its `Ask` response are all
 //! read from that value, so the three cannot disagree. A request refused before admission
 //! gets its response from [`refused`]. Every `Ask::Response` the node sends is built in this
-//! file, and error codes and finish reasons become strings only here.
+//! file, and error codes and finish reasons become strings only here. Every string is made
+//! safe for r2r once, when the outcome is built ([`crate::ros_text`]).
 
 use r2r::std_msgs::msg::Header;
 use serde_json::Value;
@@ -15,6 +16,7 @@ use crate::interface::ErrorCode;
 use crate::job::ImageOrigin;
 use crate::msgs::msg::Answer;
 use crate::msgs::srv::Ask;
+use crate::ros_text::{ros_text, ros_text_uncounted};
 
 /// Why a request did not complete: the response's `error_code` and `error_message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,8 +57,8 @@ pub fn refused(request_id: String, failure: Failure) -> Ask::Response {
     Ask::Response {
         success: false,
         error_code: failure.code.as_str().to_owned(),
-        error_message: failure.message,
-        request_id,
+        error_message: ros_text(failure.message),
+        request_id: ros_text(request_id),
         ..Default::default()
     }
 }
@@ -69,6 +71,8 @@ pub struct Outcome {
     origin: ImageOrigin,
     /// What was generated, possibly partial; `None` when generation failed or never started.
     completion: Option<Completion>,
+    /// The completion's texts and numbers as the messages carry them (empty without one).
+    figures: Figures,
     /// `None` when the answer completed (finish reason stop or length).
     failure: Option<Failure>,
 }
@@ -99,11 +103,19 @@ impl Outcome {
             }
             Err(f) => (None, Some(f)),
         };
+        let failure = failure.map(|f| Failure::new(f.code, ros_text(f.message)));
+        let figures = completion
+            .as_ref()
+            .map_or_else(Figures::default, Figures::of);
         Self {
-            request_id,
-            prompt,
-            origin,
+            request_id: ros_text(request_id),
+            prompt: ros_text(prompt),
+            origin: ImageOrigin {
+                source: ros_text(origin.source),
+                stamp: origin.stamp,
+            },
             completion,
+            figures,
             failure,
         }
     }
@@ -132,15 +144,13 @@ impl Outcome {
     }
 
     /// The counts and texts the Answer and the response share (empty without a completion).
-    pub fn figures(&self) -> Figures {
-        self.completion
-            .as_ref()
-            .map_or_else(Figures::default, Figures::of)
+    pub fn figures(&self) -> &Figures {
+        &self.figures
     }
 
     /// The message for `/vlm/answers`, stamped now.
     pub fn answer(&self) -> Answer {
-        let f = self.figures();
+        let f = self.figures.clone();
         Answer {
             header: Header {
                 stamp: clock::now(),
@@ -163,7 +173,7 @@ impl Outcome {
 
     /// The `/ask` response.
     pub fn response(&self) -> Ask::Response {
-        let f = self.figures();
+        let f = self.figures.clone();
         let (error_code, error_message) =
             self.failure.as_ref().map_or_else(Default::default, |x| {
                 (x.code.as_str().to_owned(), x.message.clone())
@@ -203,15 +213,18 @@ pub struct Figures {
 }
 
 impl Figures {
+    /// The texts made safe for the messages. The answer and the reasoning were counted as
+    /// they streamed (the Token sink), so they are replaced without counting again; JSON
+    /// escapes U+0000 itself.
     pub fn of(c: &Completion) -> Self {
         let calls: Vec<Value> = c.tool_calls.iter().map(|t| t.to_json()).collect();
         Self {
-            text: c.text.clone(),
-            reasoning: c.reasoning.clone(),
+            text: ros_text_uncounted(c.text.as_str()),
+            reasoning: ros_text_uncounted(c.reasoning.as_str()),
             tool_calls_json: if calls.is_empty() {
                 String::new()
             } else {
-                Value::Array(calls).to_string()
+                ros_text(Value::Array(calls).to_string())
             },
             prompt_tokens: saturate(c.timings.prompt_tokens),
             completion_tokens: saturate(c.timings.completion_tokens),
@@ -328,6 +341,30 @@ mod tests {
             );
             assert_eq!((a.answer.as_str(), a.prompt_tokens, r.ttft_s), ("", 0, 0.0));
         }
+    }
+
+    #[test]
+    fn no_string_of_the_messages_holds_a_nul() {
+        let mut c = completion(FinishReason::Stop);
+        c.text = "a\0b".into();
+        c.reasoning = "\0".into();
+        let o = outcome(Ok(c));
+        let (a, r) = (o.answer(), o.response());
+        assert_eq!(
+            (a.answer.as_str(), r.answer.as_str()),
+            ("a\u{FFFD}b", "a\u{FFFD}b")
+        );
+        assert_eq!(
+            (a.reasoning.as_str(), r.reasoning.as_str()),
+            ("\u{FFFD}", "\u{FFFD}")
+        );
+        let o = outcome(Err(Failure::new(ErrorCode::BackendError, "bad \0 byte")));
+        assert_eq!(o.response().error_message, "bad \u{FFFD} byte");
+        let r = refused("id\0".into(), Failure::new(ErrorCode::Busy, "x\0"));
+        assert_eq!(
+            (r.request_id.as_str(), r.error_message.as_str()),
+            ("id\u{FFFD}", "x\u{FFFD}")
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The Token stream of one request on `/vlm/tokens`: indices without gaps from 0, and
-//! exactly one `last` Token, which carries the finish reason.
+//! exactly one `last` Token, which carries the finish reason. Model text is made safe for
+//! the message here ([`ros_text`]: a NUL becomes U+FFFD and is counted).
 
 use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
@@ -7,6 +8,7 @@ use vlm::stream::FinishReason;
 
 use crate::clock;
 use crate::msgs::msg::Token;
+use crate::ros_text::{ros_text, ros_text_uncounted};
 
 pub struct TokenSink<'a> {
     publisher: &'a Publisher<Token>,
@@ -14,6 +16,7 @@ pub struct TokenSink<'a> {
     /// The image source, as the Answer's header names it.
     frame_id: &'a str,
     index: u32,
+    finished: bool,
 }
 
 impl<'a> TokenSink<'a> {
@@ -23,37 +26,48 @@ impl<'a> TokenSink<'a> {
             request_id,
             frame_id,
             index: 0,
+            finished: false,
         }
     }
 
-    /// Publishes one delta; an empty one is skipped (it would carry nothing).
+    /// Publishes one delta; an empty one is skipped (it would carry nothing), and so is one
+    /// after the `last` Token.
     pub fn delta(&mut self, text: String, reasoning: bool) {
-        if !text.is_empty() {
-            self.publish(text, reasoning, None);
+        if !text.is_empty() && !self.finished {
+            self.publish(ros_text(text), reasoning, None);
         }
     }
 
-    /// Publishes the `last` Token.
-    pub fn finish(mut self, reason: FinishReason) {
-        self.publish(String::new(), false, Some(reason));
+    /// Publishes the `last` Token, once: a request that panicked after finishing its stream
+    /// does not get a second one.
+    pub fn finish(&mut self, reason: FinishReason) {
+        if !self.finished {
+            self.publish(String::new(), false, Some(reason));
+            self.finished = true;
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.finished
     }
 
     fn publish(&mut self, text: String, reasoning: bool, last: Option<FinishReason>) {
         let msg = Token {
             header: Header {
                 stamp: clock::now(),
-                frame_id: self.frame_id.to_owned(),
+                frame_id: ros_text_uncounted(self.frame_id),
             },
-            request_id: self.request_id.to_owned(),
+            request_id: ros_text_uncounted(self.request_id),
             index: self.index,
             text,
             reasoning,
             last: last.is_some(),
             finish_reason: last.map_or("", |r| r.as_str()).to_owned(),
         };
-        self.index += 1;
         if let Err(e) = self.publisher.publish(&msg) {
             tracing::warn!(request_id = %self.request_id, error = %e, "could not publish a Token");
         }
+        // After the call: a publish that panicked (contained by the worker) leaves no gap.
+        self.index += 1;
     }
 }
