@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use camera_frame::{CameraCache, Limits, SelectError};
+use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use serde_json::Value;
 use vlm::assistant::Turn;
 use vlm::sampler::SamplingParams;
@@ -14,6 +15,7 @@ use vlm::sampler::SamplingParams;
 use crate::cameras::{frame_from_compressed, frame_from_image};
 use crate::interface::{enable_thinking, ErrorCode};
 use crate::job::{Images, Job, JobPlan};
+use crate::limits::check_sizes;
 use crate::msgs::srv::{Ask, Cancel};
 use crate::outcome::{refused, Failure};
 use crate::params::{time_limit, Params, MAX_NEW_TOKENS_LIMIT};
@@ -59,9 +61,9 @@ fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Resul
 /// Time limit from the request (`-1` = the parameter, `0` = none).
 fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Failure> {
     let s = if v == -1.0 { default } else { v };
-    time_limit(s).map_err(|_| {
+    time_limit(s).map_err(|e| {
         invalid(format!(
-            "{name} {v} must be -1, 0 or a positive number of seconds"
+            "{name} {v} must be -1, 0 or a positive number of seconds: {e}"
         ))
     })
 }
@@ -78,9 +80,16 @@ pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failur
             "repetition_penalty",
             |x| x > 0.0,
         )?,
-        presence_penalty: if req.presence_penalty < 0.0 {
+        // Any finite negative is the documented "node default"; -inf is no number a client
+        // means, so it is refused like NaN.
+        presence_penalty: if !req.presence_penalty.is_finite() {
+            return Err(invalid(format!(
+                "presence_penalty {} is out of range",
+                req.presence_penalty
+            )));
+        } else if req.presence_penalty < 0.0 {
             p.presence_penalty
-        } else if req.presence_penalty.is_finite() && req.presence_penalty <= 100.0 {
+        } else if req.presence_penalty <= 100.0 {
             req.presence_penalty
         } else {
             return Err(invalid(format!(
@@ -105,9 +114,17 @@ pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failur
 }
 
 /// Checks a request and builds its job (without the queue slot and response channel).
-/// The turn's `cancel` is left unset: the flag comes with the queue slot.
-pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPlan, Failure> {
-    let p = &ctx.params;
+/// The turn's `cancel` is left unset: the flag comes with the queue slot. The request is
+/// consumed: its prompt, stop strings and images move into the job without a copy.
+/// `cameras` is `None` when the node runs without vision.
+pub fn plan(
+    req: Ask::Request,
+    p: &Params,
+    cameras: Option<&CameraCache>,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    // Sizes first: nothing below parses, copies or scans a field before it is bounded.
+    check_sizes(&req, p)?;
     if req.prompt.trim().is_empty() {
         return Err(invalid("the prompt is empty"));
     }
@@ -123,7 +140,7 @@ pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPla
         enable_thinking::ON => true,
         v => return Err(invalid(format!("enable_thinking {v} must be -1, 0 or 1"))),
     };
-    let sampling = sampling(req, p)?;
+    let sampling = sampling(&req, p)?;
     let timeout = limit_secs(req.timeout_s, p.request_timeout_s, "timeout_s")?;
     let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
     let tools = if req.tools_json.trim().is_empty() {
@@ -138,41 +155,63 @@ pub fn plan(req: &Ask::Request, ctx: &AskContext, now: Instant) -> Result<JobPla
     if req.stop.iter().any(String::is_empty) {
         return Err(invalid("stop strings must not be empty"));
     }
-    let images = pick_images(req, ctx, max_age, now)?;
     let max_new_tokens = if req.max_new_tokens == 0 {
         p.max_new_tokens
     } else {
         req.max_new_tokens
     };
+    let deadline = match timeout {
+        Some(t) => Some(now.checked_add(t).ok_or_else(|| {
+            invalid(format!(
+                "timeout_s {} is too long to be a deadline",
+                req.timeout_s
+            ))
+        })?),
+        None => None,
+    };
+    let Ask::Request {
+        prompt,
+        system_prompt,
+        stop,
+        session_id,
+        use_default_stop,
+        images,
+        compressed_images,
+        camera,
+        ..
+    } = req;
+    let images = pick_images(images, compressed_images, &camera, cameras, max_age, now)?;
     // Images stay empty here: the worker converts the frames when the job's turn comes.
     let turn = Turn {
         thinking,
-        system: Some(req.system_prompt.clone())
+        system: Some(system_prompt)
             .filter(|s| !s.trim().is_empty())
             .or_else(|| p.system_prompt.clone()),
         tools,
         sampling,
-        stop: req.stop.clone(),
-        use_default_stop: req.use_default_stop,
-        deadline: timeout.map(|t| now + t),
+        stop,
+        use_default_stop,
+        deadline,
         started: now,
-        ..Turn::new(req.prompt.clone(), max_new_tokens as usize)
+        ..Turn::new(prompt, max_new_tokens as usize)
     };
     Ok(JobPlan {
         turn,
         images,
-        session_id: Some(req.session_id.clone()).filter(|s| !s.is_empty()),
+        session_id: Some(session_id).filter(|s| !s.is_empty()),
     })
 }
 
 fn pick_images(
-    req: &Ask::Request,
-    ctx: &AskContext,
+    images: Vec<Image>,
+    compressed_images: Vec<CompressedImage>,
+    camera: &str,
+    cameras: Option<&CameraCache>,
     max_age: Option<Duration>,
     now: Instant,
 ) -> Result<Images, Failure> {
-    let explicit = !req.images.is_empty() || !req.compressed_images.is_empty();
-    let Some(cache) = &ctx.cameras else {
+    let explicit = !images.is_empty() || !compressed_images.is_empty();
+    let Some(cache) = cameras else {
         if explicit {
             return Err(invalid(
                 "this node runs without vision (parameter vision: false)",
@@ -182,22 +221,21 @@ fn pick_images(
     };
     if explicit {
         let limits = Limits::default();
-        let mut frames = Vec::new();
-        for (i, m) in req.images.iter().enumerate() {
+        let mut frames = Vec::with_capacity(images.len() + compressed_images.len());
+        for (i, m) in images.into_iter().enumerate() {
             frames.push(
-                frame_from_image(m.clone(), &limits)
-                    .map_err(|e| invalid(format!("images[{i}]: {e}")))?,
+                frame_from_image(m, &limits).map_err(|e| invalid(format!("images[{i}]: {e}")))?,
             );
         }
-        for (i, m) in req.compressed_images.iter().enumerate() {
+        for (i, m) in compressed_images.into_iter().enumerate() {
             frames.push(
-                frame_from_compressed(m.clone(), &limits)
+                frame_from_compressed(m, &limits)
                     .map_err(|e| invalid(format!("compressed_images[{i}]: {e}")))?,
             );
         }
         return Ok(Images::Request(frames));
     }
-    let camera = req.camera.trim();
+    let camera = camera.trim();
     if camera == NO_CAMERA {
         return Ok(Images::None);
     }
@@ -226,7 +264,7 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
     } else {
         req.request_id.clone()
     };
-    let mut plan = match plan(&req, &ctx, now) {
+    let mut plan = match plan(req, &ctx.params, ctx.cameras.as_deref(), now) {
         Ok(p) => p,
         Err(f) => {
             tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);

@@ -1,12 +1,18 @@
 //! Camera topics → the latest-frame cache: one subscription and one draining task per topic.
-//! Frames are validated on arrival (never converted there); a rejected frame keeps the
-//! previous one and logs a rate-limited warning.
+//! Raw frames are validated on arrival (converted only when an ask uses them); jpeg/png
+//! frames are also decoded on arrival, so a body that does not decode is a rejection and
+//! never replaces the camera's last good frame. A rejected frame keeps the previous one and
+//! logs a rate-limited warning. Decoding costs a few ms per frame (BENCHMARKS.md,
+//! "Camera frames"); when it falls behind the camera, the frames queued meanwhile are
+//! skipped and only the newest is decoded.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use camera_frame::{CameraCache, CompressedMsg, Frame, FrameError, ImageMsg, Limits, Stamp};
-use futures::{Stream, StreamExt};
+use camera_frame::{
+    CameraCache, CompressedMsg, Encoding, Frame, FrameError, ImageMsg, Limits, Stamp,
+};
+use futures::{FutureExt, Stream, StreamExt};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use r2r::QosProfile;
 
@@ -75,10 +81,19 @@ pub async fn drain(
     cache: Arc<CameraCache>,
 ) {
     let limits = Limits::default();
-    while let Some(msg) = msgs.next().await {
+    while let Some(mut msg) = msgs.next().await {
+        // Only the newest message can become the latest frame; the ones queued behind a
+        // slow decode would only delay it.
+        while let Some(Some(newer)) = msgs.next().now_or_never() {
+            msg = newer;
+        }
         let (st, outcome) = match msg {
             CameraMsg::Raw(m) => (stamp(&m.header), frame_from_image(m, &limits)),
             CameraMsg::Compressed(m) => (stamp(&m.header), frame_from_compressed(m, &limits)),
+        };
+        let outcome = match outcome {
+            Ok(frame) => decode_on_arrival(frame).await,
+            Err(e) => Err(e),
         };
         match cache.record(&topic, outcome, st, Instant::now()) {
             Ok(None) => {}
@@ -94,4 +109,20 @@ pub async fn drain(
             Err(e) => tracing::error!(error = %e, "camera message for an unconfigured topic"),
         }
     }
+}
+
+/// Decodes a jpeg/png frame off the async workers (a 1080p jpeg takes milliseconds); a raw
+/// frame passes through.
+async fn decode_on_arrival(frame: Frame) -> Result<Frame, FrameError> {
+    let Encoding::Compressed(codec) = frame.encoding() else {
+        return Ok(frame);
+    };
+    tokio::task::spawn_blocking(move || frame.decoded())
+        .await
+        .unwrap_or_else(|e| {
+            Err(FrameError::Decode {
+                codec,
+                reason: format!("the decoder stopped: {e}"),
+            })
+        })
 }

@@ -14,7 +14,6 @@ use crate::msgs::srv::Ask;
 use crate::outcome::Failure;
 
 /// Where the images of an ask come from.
-#[derive(Clone)]
 pub enum Images {
     None,
     /// Frames sent in the request (validated on arrival).
@@ -48,20 +47,25 @@ impl Images {
     }
 
     /// Converts the frames to RGB for the model. This is the costly part of an image, so it
-    /// runs on the worker when the job's turn comes, not when the request arrives.
-    pub fn to_inputs(&self) -> Result<Vec<ImageInput>, Failure> {
+    /// runs on the worker when the job's turn comes, not when the request arrives. Request
+    /// frames are taken: their payload moves on (an rgb8 one without a copy); a camera frame
+    /// stays in the cache for the next ask, so it is converted from a shared reference.
+    pub fn take_inputs(&mut self) -> Result<Vec<ImageInput>, Failure> {
         match self {
             Self::None => Ok(Vec::new()),
-            Self::Request(frames) => frames
-                .iter()
+            Self::Request(frames) => std::mem::take(frames)
+                .into_iter()
                 .enumerate()
                 .map(|(i, f)| {
-                    to_rgb(f).map_err(|e| {
+                    rgb_input(f.into_rgb8().map_err(|e| e.to_string())).map_err(|e| {
                         Failure::new(ErrorCode::InvalidRequest, format!("request image {i}: {e}"))
                     })
                 })
                 .collect(),
-            Self::Camera(c) => Ok(vec![to_rgb(&c.frame).map_err(|e| {
+            Self::Camera(c) => Ok(vec![rgb_input(
+                c.frame.to_rgb8().map_err(|e| e.to_string()),
+            )
+            .map_err(|e| {
                 Failure::new(
                     ErrorCode::NoImage,
                     format!("the latest frame on {} cannot be decoded: {e}", c.topic),
@@ -71,8 +75,8 @@ impl Images {
     }
 }
 
-fn to_rgb(frame: &Frame) -> Result<ImageInput, String> {
-    let img = frame.to_rgb8().map_err(|e| e.to_string())?;
+fn rgb_input(img: Result<camera_frame::RgbImage, String>) -> Result<ImageInput, String> {
+    let img = img?;
     let (w, h) = (img.width() as usize, img.height() as usize);
     RgbImage::new(w, h, img.into_raw())
         .map(ImageInput::Rgb)

@@ -5,9 +5,9 @@
 //! This crate holds ROS plumbing only: no model math and no FFI (those live in `vlm` and
 //! `vlm-bpu`). A frame's way to a token:
 //! 1. [`cameras`] validates each camera message into the latest-frame cache;
-//! 2. [`ask`] checks a request against [`params`], picks its image and builds the job
-//!    ([`job`]: a `vlm::assistant::Turn` plus the image choice and session), admits it
-//!    ([`registry`]) and queues it;
+//! 2. [`ask`] checks a request against [`params`] (sizes first, [`limits`]), picks its
+//!    image and builds the job ([`job`]: a `vlm::assistant::Turn` plus the image choice and
+//!    session), admits it ([`registry`]) and queues it;
 //! 3. [`worker`], the one thread that owns the model, converts the frame to RGB, continues the
 //!    conversation from [`sessions`] and asks `vlm::assistant`, publishing each delta through
 //!    [`token_sink`];
@@ -28,6 +28,7 @@ pub mod embedded;
 pub mod fatal;
 pub mod interface;
 pub mod job;
+pub mod limits;
 pub mod log_level;
 pub mod names;
 pub mod node;

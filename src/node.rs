@@ -202,6 +202,8 @@ pub async fn run(
     )?;
     rosout.attach(node.logger());
     let params = read_params(&mut node)?;
+    let diagnostics_period = params.diagnostics_period()?;
+    let session_idle = params.session_idle()?;
     tracing::info!(?params, "parameters");
 
     let tokens = ros(
@@ -288,7 +290,7 @@ pub async fn run(
             cameras: cameras.clone(),
             ops: ops.clone(),
         },
-        Duration::from_secs_f64(params.diagnostics_period_s),
+        diagnostics_period,
     )));
 
     let (job_tx, job_rx) = mpsc::channel();
@@ -300,7 +302,7 @@ pub async fn run(
         let outputs = Outputs { tokens, answers };
         let config = WorkerConfig {
             session_memory_bytes: p.session_memory_bytes,
-            session_idle: Duration::from_secs_f64(p.session_idle_s),
+            session_idle,
             warm_up_system: p.system_prompt.clone(),
         };
         std::thread::Builder::new()
@@ -399,8 +401,11 @@ async fn serve_ask(
     while let Some(request) = asks.next().await {
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let ServiceRequest { message, .. } = &request;
-            let response = ask::handle(message.clone(), ctx).await;
+            let mut request = request;
+            // Taken, not cloned: the request's images are its bulk, and they are copied once,
+            // from the middleware's buffer into this message.
+            let message = std::mem::take(&mut request.message);
+            let response = ask::handle(message, ctx).await;
             if let Err(error) = request.respond(response) {
                 tracing::warn!(%error, "could not send the /ask response");
             }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use r2r::ParameterValue;
 
@@ -46,6 +46,10 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "seed", default: || ParameterValue::Integer(-1), description: "Default sampling seed; -1 = a fresh seed per ask." },
     Spec { name: "queue_depth", default: || ParameterValue::Integer(4), description: "Requests held at once, the running one included; one more gets `busy` at once." },
     Spec { name: "request_timeout_s", default: || ParameterValue::Double(120.0), description: "Default time limit of an ask from its arrival (queue wait included); 0 = none." },
+    Spec { name: "max_request_images", default: || ParameterValue::Integer(4), description: "Most images one ask may send (`images` and `compressed_images` together, 0..=64); more is `invalid_request`." },
+    Spec { name: "max_prompt_bytes", default: || ParameterValue::Integer(65536), description: "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes (1..=16777216); longer is `invalid_request`." },
+    Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md)." },
+    Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`." },
     Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
     Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service." },
     Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history)." },
@@ -103,6 +107,10 @@ pub struct Params {
     pub seed: Option<u64>,
     pub queue_depth: usize,
     pub request_timeout_s: f64,
+    pub max_request_images: usize,
+    pub max_prompt_bytes: usize,
+    pub max_stop_strings: usize,
+    pub max_tools_json_bytes: usize,
     pub bpu_priority: u8,
     pub ask_service: String,
     pub tokens_topic: String,
@@ -120,18 +128,57 @@ pub const EXAMPLE_MODEL_DIR: &str = "/opt/models/qwen35-4b/s100p/ctx4k";
 /// Upper bound of `max_new_tokens` (a request above it is absurd, not just long).
 pub const MAX_NEW_TOKENS_LIMIT: u32 = 32768;
 
-/// A time limit in seconds outside `0..` (negative, NaN or infinite).
+/// A time limit in seconds that cannot be one.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("a time limit must be a finite number of seconds >= 0, got {0}")]
-pub struct InvalidLimit(pub f64);
+pub enum InvalidLimit {
+    #[error("{0} is not a finite number of seconds >= 0")]
+    NotSeconds(f64),
+    /// Representable as an `f64` but not as a `Duration`, or not as a deadline on the
+    /// monotonic clock (`Instant` + the limit overflows).
+    #[error("{0} s is too long to be a time limit")]
+    TooLong(f64),
+}
 
 /// A time limit as `max_image_age_s` and `request_timeout_s` (and the request fields that
-/// override them) spell it: seconds, `0` meaning no limit.
+/// override them) spell it: seconds, `0` meaning no limit. A limit must fit a `Duration` and a
+/// deadline from now (1e300 fits an `f64` and neither), so no later `Instant + limit` panics.
 pub fn time_limit(secs: f64) -> Result<Option<Duration>, InvalidLimit> {
     if !secs.is_finite() || secs < 0.0 {
-        return Err(InvalidLimit(secs));
+        return Err(InvalidLimit::NotSeconds(secs));
     }
-    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
+    if secs == 0.0 {
+        return Ok(None);
+    }
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| Instant::now().checked_add(*d).is_some())
+        .map(Some)
+        .ok_or(InvalidLimit::TooLong(secs))
+}
+
+/// Whether a time parameter may be 0.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zero {
+    /// 0 = no limit.
+    NoLimit,
+    /// A period or an idle time: 0 makes no sense.
+    Refused,
+}
+
+/// A positive time parameter as a `Duration`; [`Params::from_values`] has checked it, this
+/// keeps a hand-built `Params` from panicking in `Duration::from_secs_f64`.
+fn period(name: &'static str, secs: f64) -> Result<Duration, ParamError> {
+    match time_limit(secs) {
+        Ok(Some(d)) => Ok(d),
+        Ok(None) => Err(ParamError {
+            name,
+            reason: "must be > 0".into(),
+        }),
+        Err(e) => Err(ParamError {
+            name,
+            reason: e.to_string(),
+        }),
+    }
 }
 
 struct Reader<'a> {
@@ -216,6 +263,20 @@ impl Reader<'_> {
         }
     }
 
+    /// A time in seconds that also fits a `Duration` and a deadline ([`time_limit`]).
+    fn seconds(&self, name: &'static str, zero: Zero) -> Result<f64, ParamError> {
+        let (ok, want): (fn(f64) -> bool, _) = match zero {
+            Zero::NoLimit => (|x| x >= 0.0, ">= 0"),
+            Zero::Refused => (|x| x > 0.0, "> 0"),
+        };
+        let x = self.double(name, ok, want)?;
+        time_limit(x).map_err(|e| ParamError {
+            name,
+            reason: e.to_string(),
+        })?;
+        Ok(x)
+    }
+
     fn topics(&self, name: &'static str) -> Result<Vec<String>, ParamError> {
         let list = match self.value(name)? {
             ParameterValue::StringArray(v) => v,
@@ -279,7 +340,7 @@ impl Params {
             compressed_image_topics: r.topics("compressed_image_topics")?,
             default_camera: r.opt_string("default_camera")?,
             camera_qos,
-            max_image_age_s: r.double("max_image_age_s", |x| x >= 0.0, ">= 0")?,
+            max_image_age_s: r.seconds("max_image_age_s", Zero::NoLimit)?,
             system_prompt: r.opt_string("system_prompt")?,
             enable_thinking: r.bool("enable_thinking")?,
             max_new_tokens: r.int("max_new_tokens", 1..=i64::from(MAX_NEW_TOKENS_LIMIT))? as u32,
@@ -295,15 +356,19 @@ impl Params {
             )? as f32,
             seed: u64::try_from(r.int("seed", -1..=i64::MAX)?).ok(),
             queue_depth: r.int("queue_depth", 1..=1024)? as usize,
-            request_timeout_s: r.double("request_timeout_s", |x| x >= 0.0, ">= 0")?,
+            request_timeout_s: r.seconds("request_timeout_s", Zero::NoLimit)?,
+            max_request_images: r.int("max_request_images", 0..=64)? as usize,
+            max_prompt_bytes: r.int("max_prompt_bytes", 1..=1 << 24)? as usize,
+            max_stop_strings: r.int("max_stop_strings", 0..=1024)? as usize,
+            max_tools_json_bytes: r.int("max_tools_json_bytes", 0..=1 << 24)? as usize,
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
             ask_service: r.string("ask_service")?,
             tokens_topic: r.string("tokens_topic")?,
             answers_topic: r.string("answers_topic")?,
             cancel_service: r.string("cancel_service")?,
-            diagnostics_period_s: r.double("diagnostics_period_s", |x| x > 0.0, "> 0")?,
+            diagnostics_period_s: r.seconds("diagnostics_period_s", Zero::Refused)?,
             session_memory_bytes: (r.int("session_memory_mb", 0..=1 << 20)? as usize) << 20,
-            session_idle_s: r.double("session_idle_s", |x| x > 0.0, "> 0")?,
+            session_idle_s: r.seconds("session_idle_s", Zero::Refused)?,
             cache_dir: r.opt_string("cache_dir")?.map(PathBuf::from),
         };
         if let Some(cam) = &p.default_camera {
@@ -321,6 +386,16 @@ impl Params {
             });
         }
         Ok(p)
+    }
+
+    /// `diagnostics_period_s` as a `Duration`.
+    pub fn diagnostics_period(&self) -> Result<Duration, ParamError> {
+        period("diagnostics_period_s", self.diagnostics_period_s)
+    }
+
+    /// `session_idle_s` as a `Duration`.
+    pub fn session_idle(&self) -> Result<Duration, ParamError> {
+        period("session_idle_s", self.session_idle_s)
     }
 
     /// A model to serve: `model_dir`, or the embedded demo model when `demo_model` is true.
@@ -428,6 +503,22 @@ impl Params {
                 ParameterValue::Double(self.request_timeout_s),
             ),
             (
+                "max_request_images",
+                ParameterValue::Integer(self.max_request_images as i64),
+            ),
+            (
+                "max_prompt_bytes",
+                ParameterValue::Integer(self.max_prompt_bytes as i64),
+            ),
+            (
+                "max_stop_strings",
+                ParameterValue::Integer(self.max_stop_strings as i64),
+            ),
+            (
+                "max_tools_json_bytes",
+                ParameterValue::Integer(self.max_tools_json_bytes as i64),
+            ),
+            (
                 "bpu_priority",
                 ParameterValue::Integer(i64::from(self.bpu_priority)),
             ),
@@ -517,6 +608,79 @@ mod tests {
         assert!(time_limit(-1.0).is_err());
         assert!(time_limit(f64::NAN).is_err());
         assert!(time_limit(f64::INFINITY).is_err());
+        // Fits an f64, not a Duration (1e300) or only not a deadline (9.3e18 s > i64::MAX s).
+        for secs in [1e300, f64::MAX, 1.9e19, 9.3e18] {
+            assert_eq!(time_limit(secs), Err(InvalidLimit::TooLong(secs)), "{secs}");
+        }
+        assert!(time_limit(1e9).is_ok());
+    }
+
+    /// Every time parameter: NaN, ±inf, a value that overflows a `Duration` or a deadline, and
+    /// a negative are configuration errors naming the parameter (1e300 used to pass the range
+    /// check and panic in `Duration::from_secs_f64`).
+    #[test]
+    fn bad_time_parameters_name_the_parameter() {
+        let names = [
+            "max_image_age_s",
+            "request_timeout_s",
+            "diagnostics_period_s",
+            "session_idle_s",
+        ];
+        for name in names {
+            for bad in [
+                f64::NAN,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                1e300,
+                9.3e18,
+                -1.0,
+            ] {
+                let given = HashMap::from([(name.to_owned(), ParameterValue::Double(bad))]);
+                let e = Params::from_values(&given).unwrap_err();
+                assert_eq!(e.name, name, "{name} = {bad}: {e}");
+            }
+            let given = HashMap::from([(name.to_owned(), ParameterValue::Double(1e6))]);
+            assert!(Params::from_values(&given).is_ok(), "{name} = 1e6");
+        }
+        for name in ["diagnostics_period_s", "session_idle_s"] {
+            let given = HashMap::from([(name.to_owned(), ParameterValue::Double(0.0))]);
+            assert_eq!(Params::from_values(&given).unwrap_err().name, name);
+        }
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(p.diagnostics_period().unwrap(), Duration::from_secs(1));
+        assert_eq!(p.session_idle().unwrap(), Duration::from_secs(600));
+        let hand_built = Params {
+            diagnostics_period_s: 1e300,
+            ..p
+        };
+        assert_eq!(
+            hand_built.diagnostics_period().unwrap_err().name,
+            "diagnostics_period_s"
+        );
+    }
+
+    #[test]
+    fn request_limits_are_parameters_with_ranges() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(
+            (
+                p.max_request_images,
+                p.max_prompt_bytes,
+                p.max_stop_strings,
+                p.max_tools_json_bytes
+            ),
+            (4, 65536, 16, 65536)
+        );
+        for (name, bad) in [
+            ("max_request_images", 65),
+            ("max_request_images", -1),
+            ("max_prompt_bytes", 0),
+            ("max_stop_strings", 1025),
+            ("max_tools_json_bytes", -1),
+        ] {
+            let given = HashMap::from([(name.to_owned(), ParameterValue::Integer(bad))]);
+            assert_eq!(Params::from_values(&given).unwrap_err().name, name, "{bad}");
+        }
     }
 
     /// The value as the YAML file and the README table spell it.

@@ -217,7 +217,7 @@ fn generate(
     plan: &mut JobPlan,
     sink: &mut TokenSink<'_>,
 ) -> Result<Completion, Failure> {
-    plan.turn.images = plan.images.to_inputs()?;
+    plan.turn.images = plan.images.take_inputs()?;
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));
     if plan.session_id.is_some() && conversation.is_none() {
         tracing::info!(session = ?plan.session_id, "new session");

@@ -6,7 +6,9 @@
 //! - [`Frame`] is a validated frame that owns its payload; [`Frame::to_rgb8`] converts it only
 //!   when an ask uses it (rgb8, bgr8, rgba8, bgra8, mono8, mono16, yuv422 = UYVY,
 //!   yuv422_yuy2/yuyv = YUYV, nv12 with a wide step and padded plane height, jpeg, png). YUV
-//!   uses BT.601 limited range, see [`yuv_to_rgb`].
+//!   uses BT.601 limited range, see [`yuv_to_rgb`]. [`Frame::decoded`] decodes a jpeg/png
+//!   body at once, so a body that does not decode is a rejection on arrival rather than a
+//!   failure of the ask that uses it.
 //! - [`CameraCache`] keeps the latest valid frame per topic and picks the frame for an ask.
 //!
 //! This crate must not depend on r2r, ROS message types or tokio: the node maps message
