@@ -16,6 +16,7 @@ use futures::{FutureExt, Stream, StreamExt};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use r2r::QosProfile;
 
+use crate::panics::contained;
 use crate::params::{CameraQos, Params};
 
 /// The QoS of camera subscriptions.
@@ -117,12 +118,17 @@ async fn decode_on_arrival(frame: Frame) -> Result<Frame, FrameError> {
     let Encoding::Compressed(codec) = frame.encoding() else {
         return Ok(frame);
     };
-    tokio::task::spawn_blocking(move || frame.decoded())
-        .await
-        .unwrap_or_else(|e| {
-            Err(FrameError::Decode {
-                codec,
-                reason: format!("the decoder stopped: {e}"),
-            })
-        })
+    // A decoder that panics on a hostile body rejects the frame; the node goes on.
+    let decoded = tokio::task::spawn_blocking(move || contained(|| frame.decoded())).await;
+    match decoded {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => Err(FrameError::Decode {
+            codec,
+            reason: format!("the decoder panicked: {panic}"),
+        }),
+        Err(e) => Err(FrameError::Decode {
+            codec,
+            reason: format!("the decoder stopped: {e}"),
+        }),
+    }
 }

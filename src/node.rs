@@ -320,6 +320,7 @@ pub async fn run(
                         ..OpenOptions::default()
                     };
                     opts.bpu.priority = p.bpu_priority;
+                    opts.bpu.timeout = p.bpu_timeout;
                     open_assistant(&source, &opts)
                 };
                 worker::run(open, config, job_rx, outputs, registry, stats, ready_tx);

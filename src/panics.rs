@@ -3,14 +3,21 @@
 //! The worker thread runs each request (and loading, recovery) inside [`contained`]: a panic
 //! there — in the runtime, the sampler, a kernel assert, a message conversion — becomes an
 //! `Err` carrying its message and location, and the worker fails that one request and resets
-//! the backend. A panic anywhere else (a camera drain task, the cancel loop, diagnostics, the
-//! spin thread with r2r's handlers, an ask task) means part of the node is gone while the rest
-//! would keep running as a zombie, so the hook installed by [`install_hook`] raises a runtime
-//! failure ([`crate::fatal::raise`]): diagnostics ERROR, orderly stop, non-zero exit.
+//! the backend. An `/ask` task (planning a request) runs inside [`contained_async`] and a
+//! camera frame's decoding inside [`contained`]: a request or a frame that trips a bug is
+//! refused, not the node's end. A panic anywhere else (a camera drain task, the cancel loop,
+//! diagnostics, the spin thread with r2r's handlers) means part of the node is gone while the
+//! rest would keep running as a zombie, so the hook installed by [`install_hook`] raises a
+//! runtime failure ([`crate::fatal::raise`]): diagnostics ERROR, orderly stop, non-zero exit.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
+use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe, PanicHookInfo};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::FutureExt as _;
 
 thread_local! {
     /// Set while this thread runs inside [`contained`].
@@ -41,13 +48,57 @@ impl std::fmt::Display for Panic {
 /// after a panic: the caller must reset or drop it (the worker resets the backend or reopens
 /// the model), which is why unwind safety is asserted here.
 pub fn contained<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
-    let outer = CONTAINED.with(|c| c.replace(true));
-    let result = catch_unwind(AssertUnwindSafe(f));
-    CONTAINED.with(|c| c.set(outer));
+    let result = {
+        let _scope = Scope::enter();
+        catch_unwind(AssertUnwindSafe(f))
+    };
     result.map_err(|payload| Panic {
         message: payload_text(payload.as_ref()),
         location: LOCATION.with(|l| l.borrow_mut().take()),
     })
+}
+
+/// [`contained`] for a future (an `/ask` task): the scope holds during each poll, on
+/// whichever thread polls it.
+pub async fn contained_async<F: Future>(f: F) -> Result<F::Output, Panic> {
+    AssertUnwindSafe(Scoped(Box::pin(f)))
+        .catch_unwind()
+        .await
+        .map_err(|payload| Panic {
+            message: payload_text(payload.as_ref()),
+            location: LOCATION.with(|l| l.borrow_mut().take()),
+        })
+}
+
+/// Polls its future inside the contained scope.
+struct Scoped<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let _scope = Scope::enter();
+        self.0.as_mut().poll(cx)
+    }
+}
+
+/// The contained scope on this thread until dropped, unwinding included.
+struct Scope {
+    outer: bool,
+}
+
+impl Scope {
+    fn enter() -> Self {
+        Self {
+            outer: CONTAINED.with(|c| c.replace(true)),
+        }
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        CONTAINED.with(|c| c.set(self.outer));
+    }
 }
 
 fn payload_text(payload: &(dyn Any + Send)) -> String {
@@ -114,5 +165,19 @@ mod tests {
         });
         assert_eq!(outer.as_deref(), Ok("inner"));
         assert!(!CONTAINED.with(Cell::get));
+    }
+
+    #[test]
+    fn a_panicking_future_is_an_error_and_leaves_no_scope_behind() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let r: Result<(), Panic> = rt.block_on(contained_async(async {
+            tokio::task::yield_now().await;
+            panic!("in an ask task");
+        }));
+        assert_eq!(r.unwrap_err().message, "in an ask task");
+        assert!(!CONTAINED.with(Cell::get));
+        assert_eq!(rt.block_on(contained_async(async { 3 })), Ok(3));
     }
 }

@@ -51,6 +51,7 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md)." },
     Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`." },
     Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
+    Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call (the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70)." },
     Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service." },
     Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history)." },
     Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers." },
@@ -112,6 +113,8 @@ pub struct Params {
     pub max_stop_strings: usize,
     pub max_tools_json_bytes: usize,
     pub bpu_priority: u8,
+    /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
+    pub bpu_timeout: Duration,
     pub ask_service: String,
     pub tokens_topic: String,
     pub answers_topic: String,
@@ -331,6 +334,11 @@ impl Params {
             }
         };
         let unit = |x: f64| (0.0..=1.0).contains(&x);
+        let bpu_timeout = r.double("bpu_timeout_s", |_| true, "a finite number")?;
+        let bpu_timeout = vlm_bpu::timeout_from_secs(bpu_timeout).map_err(|reason| ParamError {
+            name: "bpu_timeout_s",
+            reason,
+        })?;
         let p = Self {
             model_dir: r.opt_string("model_dir")?.map(PathBuf::from),
             demo_model: r.bool("demo_model")?,
@@ -362,6 +370,7 @@ impl Params {
             max_stop_strings: r.int("max_stop_strings", 0..=1024)? as usize,
             max_tools_json_bytes: r.int("max_tools_json_bytes", 0..=1 << 24)? as usize,
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
+            bpu_timeout,
             ask_service: r.string("ask_service")?,
             tokens_topic: r.string("tokens_topic")?,
             answers_topic: r.string("answers_topic")?,
@@ -522,6 +531,10 @@ impl Params {
                 "bpu_priority",
                 ParameterValue::Integer(i64::from(self.bpu_priority)),
             ),
+            (
+                "bpu_timeout_s",
+                ParameterValue::Double(self.bpu_timeout.as_secs_f64()),
+            ),
             ("ask_service", s(&self.ask_service)),
             ("tokens_topic", s(&self.tokens_topic)),
             ("answers_topic", s(&self.answers_topic)),
@@ -599,6 +612,22 @@ mod tests {
             Params::from_values(&given).unwrap_err().name,
             "default_camera"
         );
+    }
+
+    #[test]
+    fn the_bpu_timeout_is_a_positive_time_hbucp_can_hold() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(p.bpu_timeout, vlm_bpu::DEFAULT_TIMEOUT);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let mut given = HashMap::new();
+            given.insert("bpu_timeout_s".to_owned(), ParameterValue::Double(bad));
+            let e = Params::from_values(&given).unwrap_err();
+            assert_eq!(e.name, "bpu_timeout_s", "{bad}");
+        }
+        let mut given = HashMap::new();
+        given.insert("bpu_timeout_s".to_owned(), ParameterValue::Double(0.25));
+        let p = Params::from_values(&given).unwrap();
+        assert_eq!(p.bpu_timeout, Duration::from_millis(250));
     }
 
     #[test]
