@@ -434,6 +434,8 @@ impl Assistant {
             starts_in_think: prompt.starts_in_think,
             tool_calls: qwen || !turn.tools.is_empty(),
             tools: turn.tools.clone(),
+            verbatim_answer: false,
+            think_end: None,
             prompt_tokens: 0,
             started: turn.started,
         };

@@ -19,5 +19,6 @@ pub mod chat;
 pub mod engine;
 pub mod package;
 pub mod sampler;
+pub mod structured;
 pub mod stream;
 pub mod vision;

@@ -14,6 +14,11 @@
 //! split and `<tool_call>` capture (markers are never emitted as text; partial markers are
 //! held back). The completion's texts are the concatenation of what was emitted, so the
 //! stream and the final answer are identical by construction.
+//!
+//! A constrained answer (structured output, [`StreamConfig::verbatim_answer`]) passes through
+//! verbatim: no markers are looked for in it and nothing is trimmed, and a think block before
+//! it ends only at the `</think>` token, so the answer starts at a token boundary — where the
+//! decode loop starts the constraint ([`TokenStream::answering`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -99,6 +104,14 @@ pub struct StreamConfig {
     pub tool_calls: bool,
     /// Tool list of the request, for typing XML parameters.
     pub tools: Vec<Value>,
+    /// The answer is a constrained value (structured output), kept verbatim: no markers are
+    /// looked for in it (a JSON string may hold `<think>` or `<tool_call>`), nothing is
+    /// trimmed, and a think block ends only at the token [`StreamConfig::think_end`] — never
+    /// at text that spells `</think>` — so the answer starts exactly at a token. Stop strings
+    /// are not used with it (they could cut the value).
+    pub verbatim_answer: bool,
+    /// The `</think>` token id, which ends the think block of a `verbatim_answer`.
+    pub think_end: Option<u32>,
     /// Rows of the prompt, for the timings.
     pub prompt_tokens: usize,
     /// When the request started (TTFT is measured from here).
@@ -118,6 +131,8 @@ impl StreamConfig {
             starts_in_think: false,
             tool_calls: false,
             tools: Vec::new(),
+            verbatim_answer: false,
+            think_end: None,
             prompt_tokens: 0,
             started: Instant::now(),
         }
@@ -185,6 +200,13 @@ impl Detok {
             }
         }
         Ok(None)
+    }
+
+    /// Takes `id` without its text: the window restarts after it.
+    fn skip(&mut self, id: u32) {
+        self.ids.push(id);
+        self.prefix = self.ids.len();
+        self.read = self.ids.len();
     }
 
     /// Everything not yet emitted; an incomplete UTF-8 tail comes out as U+FFFD.
@@ -265,6 +287,8 @@ enum Channel {
 struct Splitter {
     think_split: bool,
     tool_calls: bool,
+    /// [`StreamConfig::verbatim_answer`]: no markers at all; the think block ends at a token.
+    verbatim: bool,
     channel: Channel,
     pending: String,
     tool_buf: String,
@@ -284,6 +308,9 @@ struct Out<'a> {
 
 impl Splitter {
     fn markers(&self) -> &'static [&'static str] {
+        if self.verbatim {
+            return &[];
+        }
         match (self.channel, self.think_split, self.tool_calls) {
             (Channel::Think, ..) => &[THINK_END],
             (Channel::Tool, ..) => &[TOOL_END],
@@ -352,6 +379,7 @@ impl Splitter {
             Channel::Answer | Channel::Think if !self.think_split => {
                 emit_text(text.to_string(), false, out)
             }
+            Channel::Answer if self.verbatim => emit_text(text.to_string(), false, out),
             ch => {
                 let reasoning = ch == Channel::Think;
                 let started = if reasoning {
@@ -377,6 +405,14 @@ impl Splitter {
                 self.ws.push_str(&t[body.len()..]);
                 emit_text(s, reasoning, out);
             }
+        }
+    }
+
+    /// The `</think>` token of a verbatim answer: the think block ends here.
+    fn end_think(&mut self) {
+        if self.channel == Channel::Think {
+            self.ws.clear();
+            self.channel = Channel::Answer;
         }
     }
 
@@ -441,6 +477,7 @@ impl TokenStream {
         let split = Splitter {
             think_split: cfg.think_split,
             tool_calls: cfg.tool_calls,
+            verbatim: cfg.verbatim_answer,
             channel: if cfg.think_split && cfg.starts_in_think {
                 Channel::Think
             } else {
@@ -494,6 +531,16 @@ impl TokenStream {
         &self.detok.ids
     }
 
+    /// The stop ids ([`StreamConfig::eos`]).
+    pub fn eos(&self) -> &[u32] {
+        &self.cfg.eos
+    }
+
+    /// The next token belongs to the answer: not to a think block (nor to a tool call).
+    pub fn answering(&self) -> bool {
+        self.split.channel == Channel::Answer
+    }
+
     /// Takes one sampled token.
     pub fn push(&mut self, id: u32, emit: &mut dyn FnMut(Event)) -> Result<Action, StreamError> {
         if let Some(r) = self.finished {
@@ -506,9 +553,21 @@ impl TokenStream {
         if self.cfg.eos.contains(&id) {
             return Ok(self.end(FinishReason::Stop));
         }
-        let hit = match self.detok.step(&self.tokenizer, id)? {
-            Some(text) => self.forward(&text, emit),
-            None => false,
+        let ends_think = self.cfg.verbatim_answer
+            && self.split.channel == Channel::Think
+            && self.cfg.think_end == Some(id);
+        let hit = if ends_think {
+            // What the detokeniser holds is reasoning; the marker's own text is never shown.
+            let tail = self.detok.flush(&self.tokenizer)?;
+            let hit = self.forward(&tail, emit);
+            self.detok.skip(id);
+            self.split.end_think();
+            hit
+        } else {
+            match self.detok.step(&self.tokenizer, id)? {
+                Some(text) => self.forward(&text, emit),
+                None => false,
+            }
         };
         if hit {
             return Ok(self.end(FinishReason::Stop));
@@ -639,6 +698,7 @@ mod tests {
         let mut sp = Splitter {
             think_split: true,
             tool_calls: true,
+            verbatim: false,
             channel: if starts_in_think {
                 Channel::Think
             } else {

@@ -277,3 +277,47 @@ fn tool_call_blocks_become_structured_calls() {
         vec!["\nnot a call\n".to_string()]
     );
 }
+
+/// A constrained answer is verbatim: markers and leading whitespace inside it stay (a JSON
+/// string may hold them), and a think block ends only at the `</think>` token — text that
+/// spells `</think>` out of smaller tokens stays reasoning.
+#[test]
+fn verbatim_answers_keep_markers_and_end_think_only_at_the_token() {
+    let tok = common::tokenizer();
+    let think_end = tok.token_to_id("</think>").unwrap();
+    let verbatim = |starts_in_think| {
+        let mut cfg = qwen35(starts_in_think);
+        cfg.verbatim_answer = true;
+        cfg.tool_calls = false;
+        cfg.think_end = Some(think_end);
+        cfg
+    };
+    let value = r#"{"a":" <think> <tool_call>x</tool_call> "}"#;
+    let r = run(verbatim(false), &ids(value));
+    assert_eq!(r.done.text, value);
+    assert!(r.done.reasoning.is_empty() && r.done.tool_calls.is_empty());
+
+    // Spelled out of pieces, `</think>` is reasoning text; the token ends the block.
+    let spelled: Vec<u32> = "</think>"
+        .chars()
+        .map(|c| ids(&c.to_string())[0])
+        .collect();
+    let mut toks = ids("plan ");
+    toks.extend(&spelled);
+    toks.push(think_end);
+    toks.extend(ids(r#"["</think>"]"#));
+    let mut s = TokenStream::new(tok, verbatim(true));
+    let mut events = Vec::new();
+    let mut answering = Vec::new();
+    for &id in &toks {
+        answering.push(s.answering());
+        assert_eq!(s.push(id, &mut |e| events.push(e)).unwrap(), Action::Feed);
+    }
+    let done = s.finish(FinishReason::Stop, &mut |e| events.push(e)).unwrap();
+    assert_eq!(done.reasoning, "plan </think>");
+    assert_eq!(done.text, r#"["</think>"]"#);
+    let at = toks.iter().position(|&t| t == think_end).unwrap();
+    assert!(answering[..=at].iter().all(|a| !a), "reasoning until the token");
+    assert!(answering[at + 1..].iter().all(|&a| a), "answering right after it");
+    assert_eq!(done.tokens, toks);
+}

@@ -1,6 +1,6 @@
 //! The engine's error type.
 
-use crate::sampler::SamplerError;
+use crate::sampler::{ConstraintError, SamplerError};
 use crate::stream::StreamError;
 use crate::vision::VisionError;
 
@@ -54,6 +54,10 @@ pub enum EngineError {
     Vision(#[from] VisionError),
     #[error("sampler: {0}")]
     Sampler(#[from] SamplerError),
+    /// Constrained decoding failed mid-answer (the grammar engine's error, e.g. a step over
+    /// its limits).
+    #[error("{0}")]
+    Constraint(#[from] ConstraintError),
     #[error("stream: {0}")]
     Stream(#[from] StreamError),
 }

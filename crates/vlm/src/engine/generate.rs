@@ -2,13 +2,17 @@
 //! spliced in at their M-RoPE positions → [`Backend::step_interruptible`] (chunked) → the
 //! decode loop (logits → [`Sampler`] → [`TokenStream`] → events) until eos / stop string /
 //! max new tokens, the window end (`length`), cancel or deadline.
+//!
+//! Constrained output (structured answers): a [`TokenConstraint`] masks each step of the
+//! answer ([`Engine::generate_constrained`]); a think block before the answer is free but for
+//! the stop ids, and the answer ends (`stop`) as soon as the constraint admits nothing more.
 
 use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
 use crate::chat::{ImageSlot, Pos3, Prompt, Segment};
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, TokenConstraint, TokenMask};
 use crate::stream::{Action, Completion, Event, FinishReason, StreamConfig, TokenStream};
 use crate::vision::{preprocess, PixelValues, RgbImage};
 
@@ -31,6 +35,25 @@ pub struct Generation {
     /// Raw logits that chose each sampled token (eos and a stop token included), when
     /// [`DecodeOptions::keep_logits`] was set; empty otherwise.
     pub step_logits: Vec<Vec<f32>>,
+    /// How a constrained answer ended; `None` for free text.
+    pub constraint: Option<ConstraintOutcome>,
+}
+
+/// How an answer under a [`TokenConstraint`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ConstraintOutcome {
+    /// The output is a complete value: it parses and satisfies the constraint.
+    Complete,
+    /// Generation ended before the value did (token limit, window end, cancel, timeout): the
+    /// text is a prefix of a value and does not parse. Front ends answer `success=false` with
+    /// the error `incomplete` and the partial text — never a success that does not parse.
+    Incomplete,
+}
+
+/// What chooses each token: the sampler, masked per step by an optional constraint.
+struct Pick<'a> {
+    sampler: &'a mut Sampler,
+    constraint: Option<&'a mut dyn TokenConstraint>,
 }
 
 /// Per-request knobs of the decode loop beyond sampling and streaming.
@@ -224,6 +247,44 @@ impl<B: Backend> Engine<B> {
         prompt: &Prompt,
         images: &[ImageInput],
         sampler: &mut Sampler,
+        stream: StreamConfig,
+        opts: DecodeOptions,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let pick = Pick {
+            sampler,
+            constraint: None,
+        };
+        self.generate_with(prompt, images, pick, stream, opts, on_event)
+    }
+
+    /// [`Engine::generate`] with the answer restricted by `constraint`: from the answer's
+    /// first token (after a think block, which is free but may not end the reply) each step
+    /// draws only ids the constraint allows, and decoding stops (`stop`) as soon as it admits
+    /// nothing more. [`Generation::constraint`] says whether the value was completed. The
+    /// constraint's stop ids must be `stream.eos`.
+    pub fn generate_constrained(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        sampler: &mut Sampler,
+        constraint: &mut dyn TokenConstraint,
+        stream: StreamConfig,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let pick = Pick {
+            sampler,
+            constraint: Some(constraint),
+        };
+        let opts = DecodeOptions::default();
+        self.generate_with(prompt, images, pick, stream, opts, on_event)
+    }
+
+    fn generate_with(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        pick: Pick<'_>,
         mut stream: StreamConfig,
         opts: DecodeOptions,
         on_event: &mut dyn FnMut(Event),
@@ -237,9 +298,10 @@ impl<B: Backend> Engine<B> {
             return Ok(Generation {
                 completion,
                 step_logits: Vec::new(),
+                constraint: pick.constraint.map(|_| ConstraintOutcome::Incomplete),
             });
         }
-        self.decode_stream(ts, sampler, opts, on_event)
+        self.decode_stream(ts, pick, opts, on_event)
     }
 
     /// The decode loop from the state's last logits (after a prefill or a restore).
@@ -251,49 +313,116 @@ impl<B: Backend> Engine<B> {
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Generation, EngineError> {
         let ts = TokenStream::new(self.tokenizer.clone(), stream);
-        self.decode_stream(ts, sampler, opts, on_event)
+        let pick = Pick {
+            sampler,
+            constraint: None,
+        };
+        self.decode_stream(ts, pick, opts, on_event)
+    }
+
+    /// [`Engine::decode`] under `constraint`, as [`Engine::generate_constrained`] decodes.
+    pub fn decode_constrained(
+        &mut self,
+        sampler: &mut Sampler,
+        constraint: &mut dyn TokenConstraint,
+        stream: StreamConfig,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let ts = TokenStream::new(self.tokenizer.clone(), stream);
+        let pick = Pick {
+            sampler,
+            constraint: Some(constraint),
+        };
+        self.decode_stream(ts, pick, DecodeOptions::default(), on_event)
     }
 
     fn decode_stream(
         &mut self,
         mut ts: TokenStream,
-        sampler: &mut Sampler,
+        pick: Pick<'_>,
         opts: DecodeOptions,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Generation, EngineError> {
+        let Pick {
+            sampler,
+            mut constraint,
+        } = pick;
         let mut step_logits = Vec::new();
         let mut row = Vec::with_capacity(self.backend.info().hidden);
+        let mut mask = constraint
+            .as_ref()
+            .map(|_| TokenMask::new(self.backend.info().vocab));
         let reason = loop {
             if let Some(r) = ts.interrupted() {
                 break r;
             }
             let logits = self.backend.last_logits().ok_or(EngineError::NoLogits)?;
-            let tok = sampler.sample(logits)?;
+            // The answer's tokens are the constraint's; a think block before it may be
+            // anything but its end, so a constrained reply always reaches its answer.
+            let answering = ts.answering();
+            let tok = match (constraint.as_deref_mut(), mask.as_mut()) {
+                (Some(c), Some(m)) => {
+                    if answering {
+                        c.next_mask(m)?;
+                    } else {
+                        m.allow_all();
+                        ts.eos().iter().for_each(|&e| m.forbid(e));
+                    }
+                    sampler.sample_masked(logits, m)?
+                }
+                _ => sampler.sample(logits)?,
+            };
             if opts.keep_logits {
                 step_logits.push(logits.to_vec());
             }
+            // The value is complete and nothing may follow it.
+            let mut complete = false;
+            if let (true, Some(c)) = (answering, constraint.as_deref_mut()) {
+                c.accept(tok)?;
+                complete = c.is_finished();
+            }
             match ts.push(tok, on_event)? {
+                // A value that ends exactly at the token limit is a stop, not a cut.
+                Action::Finish(FinishReason::Length) if complete => break FinishReason::Stop,
                 Action::Finish(r) => break r,
                 Action::Feed => {}
             }
             if self.backend.context_left() == 0 {
-                break FinishReason::Length;
+                break if complete {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Length
+                };
             }
             sampler.accept(tok);
             row.clear();
             self.backend.embed(&[tok], &mut row)?;
             let pos = Pos3::text(self.backend.next_position());
             self.backend.step(&row, &[pos])?;
+            if complete {
+                // Fed first, so a continued conversation holds the whole value, as it holds
+                // an answer that the model's eos ended.
+                break FinishReason::Stop;
+            }
         };
+        let outcome = constraint.map(|c| {
+            if c.is_complete() {
+                ConstraintOutcome::Complete
+            } else {
+                ConstraintOutcome::Incomplete
+            }
+        });
         let completion = ts.finish(reason, on_event)?;
         tracing::debug!(
             tokens = completion.tokens.len(),
             finish = %completion.finish_reason,
+            constraint = ?outcome,
             "generation done"
         );
         Ok(Generation {
             completion,
             step_logits,
+            constraint: outcome,
         })
     }
 }

@@ -21,5 +21,7 @@ pub use backend::check_rows;
 pub use backend::{Backend, BackendInfo, VisionSpec};
 pub use cpu::{CpuBackend, CpuOptions, DEFAULT_CONTEXT, DEFAULT_IMAGE_SIDE, DEFAULT_PREFILL_CHUNK};
 pub use error::EngineError;
-pub use generate::{prompt_from_ids, DecodeOptions, Engine, Generation, ImageInput};
+pub use generate::{
+    prompt_from_ids, ConstraintOutcome, DecodeOptions, Engine, Generation, ImageInput,
+};
 pub use state::{CacheLayout, StateBlob, StateShape, StateView, STATE_MAGIC};

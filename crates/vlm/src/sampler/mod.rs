@@ -7,11 +7,17 @@
 //! penalises the whole row. Only the raw candidates that can still win are looked at, and
 //! finding them is the one cost that grows with the vocabulary, which is why that search
 //! lives apart in `candidates`; what a request may set, and its checks, live in `params`.
+//!
+//! Constrained output (structured answers) reaches the sampler only as a [`TokenMask`] per
+//! step ([`Sampler::sample_masked`]); the [`TokenConstraint`] that produces it is called by the
+//! decode loop (`constraint`).
 
 mod candidates;
+mod constraint;
 mod params;
 
 pub use candidates::argmax;
+pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
 pub use params::{SamplerError, SamplingParams};
 
 use std::collections::{HashMap, VecDeque};
@@ -37,6 +43,8 @@ pub struct Sampler {
     probs: Vec<f32>,
     maxima: Vec<f32>,
     sel: Vec<f32>,
+    /// The row with masked-out logits at `-inf` ([`Sampler::sample_masked`]).
+    masked: Vec<f32>,
 }
 
 impl Sampler {
@@ -58,6 +66,7 @@ impl Sampler {
             probs: Vec::with_capacity(MIN_CANDIDATES * 2),
             maxima: Vec::new(),
             sel: Vec::new(),
+            masked: Vec::new(),
         })
     }
 
@@ -225,6 +234,30 @@ impl Sampler {
             }
         }
         Ok(self.cand[self.probs.len() - 1].1)
+    }
+
+    /// [`Sampler::sample`] restricted to the ids `mask` allows. Every other logit is `-inf`
+    /// before anything looks at the row — the greedy and top-k shortcuts, penalties and
+    /// biases included (a penalty or bias never lifts `-inf`) — so a masked-out id is never
+    /// drawn, whatever the settings. With every id allowed it draws what `sample` draws, from
+    /// the same random numbers.
+    pub fn sample_masked(&mut self, logits: &[f32], mask: &TokenMask) -> Result<u32, SamplerError> {
+        if mask.len() != logits.len() {
+            return Err(SamplerError::MaskSize {
+                mask: mask.len(),
+                vocab: logits.len(),
+            });
+        }
+        let mut row = std::mem::take(&mut self.masked);
+        mask.apply(logits, &mut row);
+        let drawn = self.sample(&row);
+        self.masked = row;
+        match drawn {
+            Ok(id) if mask.allows(id) => Ok(id),
+            // The greedy path takes the first `-inf` of a row with nothing finite left.
+            Ok(_) | Err(SamplerError::NothingToSample) => Err(SamplerError::NothingAllowed),
+            Err(e) => Err(e),
+        }
     }
 
     fn truncate(&mut self, keep: usize) {
@@ -629,6 +662,106 @@ mod tests {
             s.sample(&logits),
             Err(SamplerError::BiasOutOfVocab { id: 3000, .. })
         ));
+    }
+
+    /// Random settings of every kind (greedy and sampled, top-k shortcut or not, penalties,
+    /// positive biases on forbidden ids) and random masks (one id, a few, most): the drawn id is
+    /// always allowed. Rows carry NaN and `-inf`, and the forbidden ids get the largest logits,
+    /// so any path that looked at the raw row would take them.
+    #[test]
+    fn masked_out_ids_are_never_drawn() {
+        let mut rng = ChaCha8Rng::seed_from_u64(17);
+        for case in 0..300 {
+            let vocab = rng.random_range(2..3000usize);
+            let mut mask = TokenMask::new(vocab);
+            let density = [0.0, 0.01, 0.5, 0.99][case % 4];
+            for id in 0..vocab as u32 {
+                if rng.random::<f64>() < density {
+                    mask.allow(id);
+                }
+            }
+            mask.allow(rng.random_range(0..vocab as u32));
+            let logits: Vec<f32> = (0..vocab as u32)
+                .map(|id| match rng.random::<f32>() {
+                    u if u < 0.02 => f32::NAN,
+                    u if u < 0.04 => f32::NEG_INFINITY,
+                    _ if !mask.allows(id) => rng.random_range(5.0f32..9.0),
+                    _ => rng.random_range(-4.0f32..4.0),
+                })
+                .collect();
+            let forbidden: Vec<u32> = (0..vocab as u32).filter(|&i| !mask.allows(i)).collect();
+            let greedy = case % 3 == 0;
+            let params = SamplingParams {
+                seed: Some(case as u64),
+                temperature: if greedy {
+                    0.0
+                } else {
+                    rng.random_range(0.3f32..1.5)
+                },
+                top_k: [0, 1, 20][case % 3],
+                top_p: rng.random_range(0.5f32..1.0),
+                min_p: [0.0, 0.05][case % 2],
+                typical_p: [1.0, 0.9][(case / 2) % 2],
+                penalty_last_n: [0, 64, -1][(case / 3) % 3],
+                repetition_penalty: rng.random_range(1.0f32..1.5),
+                frequency_penalty: rng.random_range(-0.5f32..1.0),
+                presence_penalty: rng.random_range(0.0f32..3.0),
+                logit_bias: forbidden.iter().take(3).map(|&id| (id, 50.0)).collect(),
+                ..SamplingParams::default()
+            };
+            let mut s = Sampler::new(params).unwrap();
+            for step in 0..20 {
+                match s.sample_masked(&logits, &mask) {
+                    Ok(id) => {
+                        assert!(mask.allows(id), "case {case} step {step}: drew {id}");
+                        s.accept(id);
+                    }
+                    // Every allowed logit NaN or -inf: an error, never a forbidden id.
+                    Err(SamplerError::NothingAllowed) => {
+                        assert!(mask.iter().all(|id| !logits[id as usize].is_finite()));
+                        break;
+                    }
+                    Err(e) => panic!("case {case}: {e}"),
+                }
+            }
+        }
+    }
+
+    /// A mask that allows everything changes nothing: the same ids from the same seed.
+    #[test]
+    fn an_all_allowing_mask_draws_what_sample_draws() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i * 31) % 97) as f32 * 0.05).collect();
+        let mut all = TokenMask::new(logits.len());
+        all.allow_all();
+        for params in [
+            SamplingParams::default(),
+            SamplingParams::qwen35_non_thinking(),
+            SamplingParams::qwen35_thinking(),
+        ] {
+            let p = SamplingParams {
+                seed: Some(3),
+                ..params
+            };
+            let (mut a, mut b) = (Sampler::new(p.clone()).unwrap(), Sampler::new(p).unwrap());
+            for _ in 0..100 {
+                let x = a.sample(&logits).unwrap();
+                assert_eq!(x, b.sample_masked(&logits, &all).unwrap());
+                a.accept(x);
+                b.accept(x);
+            }
+        }
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        assert_eq!(
+            s.sample_masked(&logits, &TokenMask::new(999)),
+            Err(SamplerError::MaskSize {
+                mask: 999,
+                vocab: 1000
+            })
+        );
+        assert_eq!(
+            s.sample_masked(&logits, &TokenMask::new(1000)),
+            Err(SamplerError::NothingAllowed)
+        );
     }
 
     #[test]

@@ -21,6 +21,10 @@ pub enum SamplerError {
     BiasOutOfVocab { id: u32, vocab: usize },
     #[error("every logit is NaN or -inf; nothing can be sampled")]
     NothingToSample,
+    #[error("the token mask covers {mask} ids but the logits row has {vocab}")]
+    MaskSize { mask: usize, vocab: usize },
+    #[error("no id the token mask allows has a finite logit")]
+    NothingAllowed,
 }
 
 /// Sampling settings; `Default` is the contract's (greedy, nothing else active).
