@@ -79,11 +79,15 @@ pub struct TextParams {
     /// Scale of S16 logits.
     pub logits_scale: f32,
     /// Prefill only: the padded-tail protocol inferred in the contract §4.4 (unconfirmed on
-    /// a board). Rows whose mask row is fully masked are pads; they must follow the real
-    /// rows; they leave GDN state untouched, their K/V rows are zero at the window end, and
-    /// last-row logits are those of the last real row.
+    /// a board). The graph counts the real rows `t` from the mask (rows not fully masked in
+    /// plane 0) and treats `N − t` rows as pads where [`TextParams::pad_layout`] says,
+    /// whatever the runtime put there; pads leave GDN state untouched and their K/V rows are
+    /// zero where an `N`-row shift puts them.
     #[serde(default)]
     pub pads: bool,
+    /// Where a padded graph expects its pad rows (the layout it was compiled for).
+    #[serde(default, skip_serializing_if = "PadLayout::is_last")]
+    pub pad_layout: PadLayout,
     /// Every tensor reports `-1` strides and `alignedByteSize` `-1` (as real graphs may): the
     /// runtime picks the layout and `hbDNNInferV2` checks it.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -96,6 +100,44 @@ pub struct TextParams {
     /// the input side (the size-1 head dim's), describing the same bytes.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cache_out_strides: bool,
+}
+
+/// Where a padded prefill graph expects the `N − t` pad rows of a chunk with `t` real rows.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PadLayout {
+    /// Pads in rows `0..N−t`, the real rows last: the physically last row is the last real
+    /// one, so a last-row logits output stays correct.
+    First,
+    /// Real rows in `0..t`, pads after them: a last-row logits output gives row `t − 1`'s.
+    #[default]
+    Last,
+}
+
+impl PadLayout {
+    fn is_last(&self) -> bool {
+        *self == PadLayout::Last
+    }
+
+    /// `first` or `last`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PadLayout::First => "first",
+            PadLayout::Last => "last",
+        }
+    }
+}
+
+impl std::str::FromStr for PadLayout {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "first" => Ok(PadLayout::First),
+            "last" => Ok(PadLayout::Last),
+            other => Err(format!("pad layout {other:?}: expected `first` or `last`")),
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {
@@ -244,6 +286,32 @@ impl Container {
             header,
             payload: bytes[end..].to_vec(),
         })
+    }
+
+    /// Reads only the header of a file (the payload of a weighted container can be large).
+    pub fn read_header(path: &Path) -> Result<Header, ContainerError> {
+        use std::io::Read;
+        let io = |source| ContainerError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let mut f = std::fs::File::open(path).map_err(io)?;
+        let mut pre = Vec::with_capacity(PREAMBLE);
+        (&mut f)
+            .take(PREAMBLE as u64)
+            .read_to_end(&mut pre)
+            .map_err(io)?;
+        if pre.len() == PREAMBLE && pre.starts_with(MAGIC) && pre[8..12] == VERSION.to_le_bytes() {
+            let hlen = u64::from_le_bytes(pre[12..20].try_into().expect("8-byte slice"));
+            let len = f.metadata().map_err(io)?.len();
+            if hlen <= len {
+                let mut header = Vec::new();
+                f.take(hlen).read_to_end(&mut header).map_err(io)?;
+                pre.extend_from_slice(&header);
+            }
+        }
+        // Parsing the preamble and header alone reports every error `parse` would.
+        Ok(Self::parse(path, &pre)?.header)
     }
 
     /// Reads and parses a file.

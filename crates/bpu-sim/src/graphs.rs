@@ -10,7 +10,7 @@ use qwen35::{
 };
 
 use crate::container::{
-    Container, GraphDesc, GraphKind, LogitsType, TensorDesc, TextParams, VisualParams,
+    Container, GraphDesc, GraphKind, LogitsType, PadLayout, TensorDesc, TextParams, VisualParams,
 };
 use crate::kernels::{read_f32, write_f32, Kernel};
 
@@ -382,19 +382,16 @@ impl Kernel for TextGraph {
     }
 }
 
-/// Rows before the first fully masked row of plane 0; pads must all come after real rows.
+/// The real rows of a padded chunk: the rows of plane 0 that are not fully masked, counted
+/// wherever they are (a graph compiled for one layout takes its own rows as the pads).
 fn real_rows(mask: &[f32], n: usize, cl: usize) -> Result<usize, String> {
-    let is_pad = |j: usize| {
-        mask[j * cl..(j + 1) * cl]
-            .iter()
-            .all(|&v| v <= qwen35::MASK_NEG / 2.0)
-    };
-    let t = (0..n).position(is_pad).unwrap_or(n);
-    if (t..n).any(|j| !is_pad(j)) {
-        return Err(format!(
-            "pad rows must follow the real rows (first pad at {t})"
-        ));
-    }
+    let t = (0..n)
+        .filter(|&j| {
+            mask[j * cl..(j + 1) * cl]
+                .iter()
+                .any(|&v| v > qwen35::MASK_NEG / 2.0)
+        })
+        .count();
     if t == 0 {
         return Err("a chunk of pad rows only".into());
     }
@@ -402,8 +399,12 @@ fn real_rows(mask: &[f32], n: usize, cl: usize) -> Result<usize, String> {
 }
 
 impl TextGraph {
-    /// Runs the `t` real rows of an N-row padded chunk, then lays the K/V windows out as an
-    /// N-row shift would: pad rows at the end, zero.
+    /// Runs an N-row chunk with `t` real rows as a graph compiled for
+    /// [`TextParams::pad_layout`] would: the rows its layout names as real (the last `t` for
+    /// `first`, the first `t` for `last`) advance the state, the others are pads whatever the
+    /// runtime put there. The K/V windows come out as an N-row shift lays them out, the pad
+    /// rows zero (`first`: between the old and the new rows; `last`: at the window end), and
+    /// a real row attends to whatever columns the runtime's mask opens, pad columns included.
     #[allow(clippy::too_many_arguments)]
     fn padded(
         &self,
@@ -418,13 +419,32 @@ impl TextGraph {
         let cfg = self.model.config();
         let (n, cl, mh) = (self.p.rows, self.p.window, self.p.mask_heads);
         let pad = n - t;
-        // The runtime's mask addresses the N-shifted window: column c there is c + pad after a
-        // t-row shift.
+        let first = self.p.pad_layout == PadLayout::First;
+        // The first physical real row.
+        let r0 = if first { pad } else { 0 };
+        let kv_row = cfg.num_key_value_heads * cfg.head_dim;
+        // The t-row run appends to the window, so it runs on `[old shifted by pad | pad zero
+        // rows]` and leaves `[old shifted by N | pad zeros | t new]`: the pads-first layout.
+        for w in kv_windows(state) {
+            let len = w.len();
+            w.copy_within(pad * kv_row.., 0);
+            w[len - pad * kv_row..].fill(0.0);
+        }
+        // Mask columns of the runtime's N-shifted window → columns of that run: the same for
+        // pads first; pads last puts its new rows at [CL−N, CL−N+t) and its pads after them.
+        let col = |c: usize| match c {
+            _ if first || c < cl - n => c,
+            _ if c < cl - pad => c + pad,
+            _ => c - t,
+        };
         let mut m = vec![qwen35::MASK_NEG; mh * t * cl];
         for h in 0..mh {
             for j in 0..t {
-                let src = &mask[(h * n + j) * cl..(h * n + j + 1) * cl];
-                m[(h * t + j) * cl + pad..(h * t + j + 1) * cl].copy_from_slice(&src[..cl - pad]);
+                let src = &mask[(h * n + r0 + j) * cl..(h * n + r0 + j + 1) * cl];
+                let dst = &mut m[(h * t + j) * cl..(h * t + j + 1) * cl];
+                for (c, &v) in src.iter().enumerate() {
+                    dst[col(c)] = v;
+                }
             }
         }
         let h = cfg.hidden_size;
@@ -432,34 +452,41 @@ impl TextGraph {
         let out = self
             .model
             .forward_window(
-                &x[..t * h],
-                &cos[..t * rot],
-                &sin[..t * rot],
+                &x[r0 * h..(r0 + t) * h],
+                &cos[r0 * rot..(r0 + t) * rot],
+                &sin[r0 * rot..(r0 + t) * rot],
                 &m,
                 mh,
                 state,
                 rows,
             )
             .map_err(|e| e.to_string())?;
-        let row = cfg.num_key_value_heads * cfg.head_dim;
-        for l in &mut state.layers {
-            if let qwen35::LayerState::Full(kv) = l {
-                for w in [&mut kv.k, &mut kv.v] {
-                    w.copy_within(pad * row.., 0);
-                    let len = w.len();
-                    w[len - pad * row..].fill(0.0);
-                }
+        if !first {
+            // [old | pad zeros | t new] → [old | t new | pad zeros]
+            for w in kv_windows(state) {
+                let len = w.len();
+                w.copy_within(len - t * kv_row.., len - n * kv_row);
+                w[len - pad * kv_row..].fill(0.0);
             }
         }
         Ok(match rows {
             LogitRows::Last => out,
             LogitRows::All => {
-                let mut all = out;
-                all.resize(n * cfg.vocab_size, 0.0);
+                let v = cfg.vocab_size;
+                let mut all = vec![0.0; n * v];
+                all[r0 * v..(r0 + t) * v].copy_from_slice(&out);
                 all
             }
         })
     }
+}
+
+/// The K and V windows of every full-attention layer.
+fn kv_windows(state: &mut qwen35::SequenceState) -> impl Iterator<Item = &mut Vec<f32>> {
+    state.layers.iter_mut().flat_map(|l| match l {
+        qwen35::LayerState::Full(kv) => vec![&mut kv.k, &mut kv.v],
+        _ => Vec::new(),
+    })
 }
 
 struct VisualGraph {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::container::{Container, Header, LogitsType, TextParams, VisualParams};
+use crate::container::{Container, Header, LogitsType, PadLayout, TextParams, VisualParams};
 use crate::graphs::{text_graph_desc, visual_graph_desc};
 
 /// Where the prefill graph goes (`--prefill-in`).
@@ -53,6 +53,9 @@ pub struct PackageOptions {
     pub prefill_pads: bool,
     /// `prefill_min_tail` written with `--prefill-pads` (default: the chunk size).
     pub prefill_min_tail: Option<usize>,
+    /// `--pad-layout`: where the padded prefill graph expects its pad rows (default `last`).
+    /// Not written to `model.json`: as with a real package, the runtime has to find out.
+    pub pad_layout: PadLayout,
     /// BPU march written into every container (default `nash-m`, the S100P's).
     pub march: String,
     /// `--tower-rank`: rank of the vision tower's input and output (2, or more with leading
@@ -89,6 +92,7 @@ impl PackageOptions {
             system: "You are a helpful assistant.".into(),
             prefill_pads: false,
             prefill_min_tail: None,
+            pad_layout: PadLayout::Last,
             march: crate::config::PLATFORM_MARCH.to_owned(),
             tower_rank: 2,
             dynamic_strides: false,
@@ -276,6 +280,7 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         logits: o.logits,
         logits_scale: o.s16_scale,
         pads: false,
+        pad_layout: PadLayout::Last,
         dynamic_strides: o.dynamic_strides,
         logits_per_axis: o.quant_axis,
         cache_out_strides: o.cache_out_strides,
@@ -284,6 +289,7 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         rows: o.prefill_chunk,
         logits_all_rows: o.prefill_logits_all,
         pads: o.prefill_pads,
+        pad_layout: o.pad_layout,
         ..decode.clone()
     };
     let older_prefill = TextParams {

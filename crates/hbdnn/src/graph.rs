@@ -96,6 +96,26 @@ impl Drop for Task<'_> {
     }
 }
 
+/// A tensor's name from the optional name getters; `None` when the library lacks them or
+/// the call fails (names only feed reports).
+fn tensor_name(rt: &RtInner, handle: sys::hbDNNHandle_t, side: Side, index: i32) -> Option<String> {
+    let raw = rt.table.raw();
+    let get = match side {
+        Side::Input => raw.hbDNNGetInputName?,
+        Side::Output => raw.hbDNNGetOutputName?,
+    };
+    let mut p: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: valid out-pointer and a graph handle owned by a live packed handle; `index` is
+    // below the count the runtime reported.
+    let code = unsafe { get(&mut p, handle, index) };
+    if code != 0 {
+        return None;
+    }
+    // SAFETY: a non-null name is a NUL-terminated string owned by the graph handle, copied
+    // here.
+    unsafe { crate::runtime::c_string(p) }
+}
+
 impl Graph {
     /// Opens a graph the caller has found in `packed`'s name list and reads its specs.
     pub(crate) fn open(packed: Rc<PackedInner>, name: &str) -> Result<Self> {
@@ -127,12 +147,9 @@ impl Graph {
             // SAFETY: `p` is a valid out-pointer, `i` < input count.
             let code = unsafe { ffi!(rt, hbDNNGetInputTensorProperties)(&mut p, handle, i) };
             rt.check("hbDNNGetInputTensorProperties", code)?;
-            inputs.push(TensorSpec::from_properties(
-                name,
-                Side::Input,
-                i as usize,
-                p,
-            )?);
+            let mut spec = TensorSpec::from_properties(name, Side::Input, i as usize, p)?;
+            spec.name = tensor_name(rt, handle, Side::Input, i);
+            inputs.push(spec);
         }
         let mut outputs = Vec::new();
         for i in 0..n_out {
@@ -140,12 +157,9 @@ impl Graph {
             // SAFETY: `p` is a valid out-pointer, `i` < output count.
             let code = unsafe { ffi!(rt, hbDNNGetOutputTensorProperties)(&mut p, handle, i) };
             rt.check("hbDNNGetOutputTensorProperties", code)?;
-            outputs.push(TensorSpec::from_properties(
-                name,
-                Side::Output,
-                i as usize,
-                p,
-            )?);
+            let mut spec = TensorSpec::from_properties(name, Side::Output, i as usize, p)?;
+            spec.name = tensor_name(rt, handle, Side::Output, i);
+            outputs.push(spec);
         }
         tracing::debug!(
             graph = name,

@@ -155,6 +155,22 @@ impl Runtime {
         }
     }
 
+    /// The optional entry points ([`hbdnn_sys::OPTIONAL_ENTRY_POINTS`]) the library lacks:
+    /// their fallbacks are in use (status codes without text, tensors without names, an
+    /// unknown SoC name).
+    pub fn missing_entry_points(&self) -> Vec<&'static str> {
+        let raw = self.inner.table.raw();
+        [
+            ("hbDNNGetErrorDesc", raw.hbDNNGetErrorDesc.is_none()),
+            ("hbDNNGetInputName", raw.hbDNNGetInputName.is_none()),
+            ("hbDNNGetOutputName", raw.hbDNNGetOutputName.is_none()),
+            ("hbUCPGetSocName", raw.hbUCPGetSocName.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, missing)| missing.then_some(name))
+        .collect()
+    }
+
     /// The runtime's description of a status code.
     pub fn describe(&self, code: i32) -> String {
         self.inner.describe(code)

@@ -91,6 +91,9 @@ pub fn resolve_strides(
 /// One graph input or output as reported by the runtime, strides resolved.
 #[derive(Debug, Clone)]
 pub struct TensorSpec {
+    /// The tensor's name (`hbDNNGet{Input,Output}Name`), `None` when the library has no such
+    /// entry point or reports none.
+    pub name: Option<String>,
     /// `validShape` dimensions.
     pub shape: Vec<usize>,
     pub dtype: DType,
@@ -174,6 +177,7 @@ impl TensorSpec {
             raw.stride[d] = i64::try_from(*s).map_err(|_| bad(format!("stride {s}")))?;
         }
         Ok(Self {
+            name: None,
             shape,
             dtype,
             scale,

@@ -7,9 +7,11 @@
 //!
 //! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
 //! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer).
-//! A prompt tail is stepped row by row unless the package sets `prefill_pads` and the caller
-//! asks for [`BpuOptions::pad_tail`] (contract §4.4, unconfirmed on a board). [`check`] lists
-//! every contract violation of a package for `vlm check`.
+//! A prompt tail shorter than a chunk is stepped row by row, or run as one padded chunk when
+//! the package sets `prefill_pads` ([`BpuOptions::prefill_tail`]; contract §4.4, unconfirmed
+//! on a board): where the pads go is calibrated once per package at open and cached
+//! ([`tail`]). [`check`] lists every contract violation of a package for `vlm check`;
+//! [`report`] adds what a board user needs to see for `vlm check --report`.
 //!
 //! [`source`] chooses the backend for a model source (packages here, HF checkpoints on
 //! `vlm`'s CPU backend); [`sim`] is what front ends may use of the simulator.
@@ -18,6 +20,7 @@
 //! window mask), ROS or an async runtime. Handles are `Rc`-based: one thread owns a backend.
 #![forbid(unsafe_code)]
 
+mod calibrate;
 pub mod check;
 pub mod contract;
 mod embed;
@@ -26,10 +29,13 @@ pub mod lock;
 mod logits;
 mod open;
 pub mod pool;
+pub mod report;
 pub mod sim;
 pub mod source;
 mod state;
 mod step;
+pub mod tail;
+pub mod tail_cache;
 mod tower;
 
 use std::path::PathBuf;
@@ -50,6 +56,7 @@ pub use lock::EngineLock;
 use logits::LogitsAt;
 pub use source::{open_assistant, ModelSource, OpenError, OpenOptions};
 use step::Io;
+pub use tail::{PrefillTail, TailDecision, TailMode};
 use tower::Tower;
 
 /// How to open a package.
@@ -67,10 +74,17 @@ pub struct BpuOptions {
     /// [`lock::default_lock_path`]); simulator packages lock only when a path is given here
     /// or in `VLM_BPU_LOCK` (each simulator instance is its own "board", and tests run many).
     pub lock_path: Option<PathBuf>,
-    /// Run a prompt tail of at least `prefill_min_tail` rows as one padded prefill chunk when
-    /// the package sets `prefill_pads` (contract §4.4, inferred, unconfirmed on a board).
-    /// Default `false`: the tail is stepped row by row, correct with every package.
-    pub pad_tail: bool,
+    /// How a prompt tail of at least `prefill_min_tail` rows runs when the package sets
+    /// `prefill_pads` (contract §4.4, inferred, unconfirmed on a board): [`PrefillTail::Auto`]
+    /// (default) calibrates the pad layout at open (cached per package) and steps when it
+    /// cannot; `Stepped` is correct with every package; `PadsFirst` / `PadsLast` force a
+    /// layout. Shorter tails, and every tail of a package without `prefill_pads`, are stepped.
+    pub prefill_tail: PrefillTail,
+    /// Where the calibrated tail decision is cached (`None`: [`tail_cache::cache_dir`]).
+    pub cache_dir: Option<PathBuf>,
+    /// Never use the prefill graph: every row runs through the decode graph (the model zoo's
+    /// parity gate compares with and without it). A separate prefill `.hbm` is not loaded.
+    pub no_prefill_graph: bool,
     /// Longest wait for one graph call. A call that takes longer fails the request and
     /// wedges the runtime (the task may still be running; see `hbdnn::Runtime::is_wedged`).
     pub timeout: Duration,
@@ -87,7 +101,9 @@ impl Default for BpuOptions {
             no_vision: false,
             priority: 0,
             lock_path: None,
-            pad_tail: false,
+            prefill_tail: PrefillTail::Auto,
+            cache_dir: None,
+            no_prefill_graph: false,
             timeout: DEFAULT_TIMEOUT,
         }
     }
@@ -138,8 +154,10 @@ pub struct BpuBackend {
     state_shape: StateShape,
     /// Scheduling of every graph run (priority, core mask, timeout).
     sched: Sched,
-    /// `Some(min rows)` when tails are padded (package `prefill_pads` and [`BpuOptions::pad_tail`]).
-    pad_min_tail: Option<usize>,
+    /// How prompt tails run, and why ([`BpuOptions::prefill_tail`]).
+    tail: TailDecision,
+    /// hbDNN, hbUCP and SoC versions and where the libraries come from.
+    runtime: RuntimeInfo,
     /// Wall time spent inside graph runs (submit to done), for host-overhead accounting.
     graph_time: std::time::Duration,
     _packed: Vec<PackedModel>,
@@ -167,6 +185,56 @@ impl BpuBackend {
     /// Sets the BPU task priority (0 lowest ..= 255).
     pub fn set_priority(&mut self, priority: u8) {
         self.sched.priority = priority;
+    }
+
+    /// How prompt tails run (stepped or padded, which layout) and how that was decided.
+    pub fn tail_decision(&self) -> &TailDecision {
+        &self.tail
+    }
+
+    /// The runtime that runs the graphs: library source and versions.
+    pub fn runtime_info(&self) -> &RuntimeInfo {
+        &self.runtime
+    }
+}
+
+/// The hbDNN runtime as a report shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RuntimeInfo {
+    /// `board libraries in DIR` or the in-process simulator's name.
+    pub source: String,
+    /// The library files (board only).
+    pub libraries: Vec<PathBuf>,
+    pub dnn_version: String,
+    pub ucp_version: String,
+    pub soc: String,
+    /// Optional entry points the library lacks (their fallbacks are in use).
+    pub missing_entry_points: Vec<&'static str>,
+}
+
+impl RuntimeInfo {
+    pub(crate) fn of(rt: &hbdnn::Runtime) -> Self {
+        let v = rt.versions();
+        let libraries = match rt.source() {
+            hbdnn::TableSource::Board { lib_dir } => [hbdnn::LIBDNN, hbdnn::LIBHBUCP]
+                .iter()
+                .map(|l| lib_dir.join(l))
+                .collect(),
+            hbdnn::TableSource::InProcess { .. } => Vec::new(),
+        };
+        Self {
+            source: rt.source().to_string(),
+            libraries,
+            dnn_version: v.dnn,
+            ucp_version: v.ucp,
+            soc: v.soc,
+            missing_entry_points: rt.missing_entry_points(),
+        }
+    }
+
+    /// The versions a cached calibration depends on.
+    pub(crate) fn versions(&self) -> String {
+        format!("hbDNN {}; hbUCP {}", self.dnn_version, self.ucp_version)
     }
 }
 

@@ -17,8 +17,9 @@ use crate::error::load_error;
 use crate::logits::LogitsAt;
 use crate::pool::{self, PoolReading};
 use crate::step::Io;
+use crate::tail::{TailDecision, TailMode};
 use crate::tower::Tower;
-use crate::{lock, state, BpuBackend, BpuError, BpuOptions, EmbedTable, EngineLock};
+use crate::{lock, state, BpuBackend, BpuError, BpuOptions, EmbedTable, EngineLock, RuntimeInfo};
 
 /// The text graphs, loaded and checked against the contract; no buffer exists yet.
 struct TextGraphs {
@@ -42,6 +43,7 @@ struct Loaded {
     tower: Option<(PathBuf, PackedModel)>,
     axes: Vec<usize>,
     lock: Option<EngineLock>,
+    runtime: RuntimeInfo,
 }
 
 impl BpuBackend {
@@ -54,7 +56,11 @@ impl BpuBackend {
                 vision: !opts.no_vision,
             },
         )?;
-        let files = hbm_files(&cfg);
+        let mut files = hbm_files(&cfg);
+        if opts.no_prefill_graph {
+            // Not loaded at all: it would only take pool memory.
+            files.retain(|f| Some(f.as_path()) != cfg.existing_hbm_prefill());
+        }
         let implementation = bpu_sim::inspect_package(&files, opts.implementation)?;
         let lock = lock::acquire_for(implementation, opts.lock_path.as_deref())?;
         if implementation == Implementation::Sim {
@@ -62,8 +68,10 @@ impl BpuBackend {
         }
         let (before_load, hbm_bytes) = preflight_files(implementation, &files, &cfg.hbm)?;
         let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
+        let runtime_info = RuntimeInfo::of(&runtime);
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
-        let text = load_text_graphs(&runtime, &cfg)?;
+        let text = load_text_graphs(&runtime, &cfg, opts.no_prefill_graph)?;
+        let has_weights = sim_weights(implementation, &text);
         let embed = open_embed(&cfg, &text.shape)?;
         let tower = load_tower(&runtime, &cfg)?;
         let axes = rope_axes(&cfg, &text.shape)?;
@@ -78,6 +86,7 @@ impl BpuBackend {
                 tower,
                 axes,
                 lock,
+                runtime: runtime_info,
             },
             opts,
         )?;
@@ -87,6 +96,7 @@ impl BpuBackend {
             path: me.cfg.hbm.clone(),
             reason: e.to_string(),
         })?;
+        me.decide_tail(dir, opts, has_weights)?;
         Ok(me)
     }
 }
@@ -165,8 +175,13 @@ fn contract_error(path: &Path, reason: String) -> BpuError {
     }
 }
 
-/// Loads the decode graph (which must meet the contract) and the prefill graph if any.
-fn load_text_graphs(runtime: &Runtime, cfg: &ModelConfig) -> Result<TextGraphs, BpuError> {
+/// Loads the decode graph (which must meet the contract) and the prefill graph if any (none
+/// with `no_prefill`: its own file is not even loaded).
+fn load_text_graphs(
+    runtime: &Runtime,
+    cfg: &ModelConfig,
+    no_prefill: bool,
+) -> Result<TextGraphs, BpuError> {
     let main = load(runtime, &cfg.hbm)?;
     if !main.has_graph(&cfg.graph) {
         return Err(contract_error(
@@ -180,10 +195,15 @@ fn load_text_graphs(runtime: &Runtime, cfg: &ModelConfig) -> Result<TextGraphs, 
     })?;
     let shape = contract::check_decode(&decode).map_err(|r| contract_error(&cfg.hbm, r))?;
     let own = match cfg.existing_hbm_prefill() {
-        Some(p) => Some((p.to_owned(), load(runtime, p)?)),
-        None => None,
+        Some(p) if !no_prefill => Some((p.to_owned(), load(runtime, p)?)),
+        _ => None,
     };
-    let prefill = prefill_graph(cfg, &main, own.as_ref(), &decode, &shape)?;
+    let prefill = if no_prefill {
+        tracing::info!("the prefill graph is turned off: every row runs through the decode graph");
+        None
+    } else {
+        prefill_graph(cfg, &main, own.as_ref(), &decode, &shape)?
+    };
     Ok(TextGraphs {
         main,
         decode,
@@ -230,6 +250,16 @@ fn prefill_graph(
             Ok(None)
         }
     }
+}
+
+/// `Some(false)` for a simulator prefill graph without weights (synthetic logits: the pad
+/// layout cannot be calibrated); `None` when unknown (a board graph) or there is none.
+fn sim_weights(implementation: Implementation, text: &TextGraphs) -> Option<bool> {
+    let (_, _, path) = text.prefill.as_ref()?;
+    (implementation == Implementation::Sim)
+        .then(|| bpu_sim::Container::read_header(path).ok())
+        .flatten()
+        .map(|h| h.has_weights)
 }
 
 fn open_embed(cfg: &ModelConfig, shape: &DecodeShape) -> Result<EmbedTable, BpuError> {
@@ -298,6 +328,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         tower,
         axes,
         lock,
+        runtime,
     } = loaded;
     let TextGraphs {
         main,
@@ -334,7 +365,16 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         vision: tower.as_ref().map(|t| t.spec),
     };
     packed.push(main);
-    let pad_min_tail = pad_min_tail(opts.pad_tail, &cfg, info.prefill_chunk);
+    // Decided by `decide_tail` once the state is clear.
+    let tail = TailDecision {
+        mode: TailMode::Stepped,
+        requested: opts.prefill_tail,
+        min_tail: None,
+        chunk: info.prefill_chunk,
+        reason: "not decided yet".into(),
+        calibration: None,
+        cached: false,
+    };
     let sched = Sched {
         priority: opts.priority,
         core_mask: Sched::cores(cfg.bpu_cores),
@@ -364,29 +404,10 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         state_shape,
         sched,
         cfg,
-        pad_min_tail,
+        tail,
+        runtime,
         graph_time: std::time::Duration::ZERO,
         _packed: packed,
         _lock: lock,
     })
-}
-
-/// `Some(min rows)` when a short prompt tail runs as one padded prefill chunk: the caller must
-/// ask for it and the package must declare it, because the padding is inferred from the
-/// contract and not yet confirmed on a board.
-fn pad_min_tail(requested: bool, cfg: &ModelConfig, chunk: usize) -> Option<usize> {
-    match (requested, cfg.prefill_pads, chunk) {
-        (true, true, n) if n >= 2 => {
-            let min = cfg.prefill_min_tail.map_or(n, |m| m as usize).max(2);
-            tracing::info!(min_tail = min, chunk = n, "padded prefill tail enabled");
-            Some(min)
-        }
-        (true, _, _) => {
-            tracing::info!(
-                "pad_tail requested but the package has no padded prefill: stepping the tail"
-            );
-            None
-        }
-        _ => None,
-    }
 }

@@ -1,6 +1,7 @@
 //! Running rows through the text graphs: one row through decode, `N` through prefill, or a
-//! short prompt tail padded to `N` (contract §4.4). Each run writes its fixed inputs (the rows,
-//! M-RoPE cos/sin, the right-aligned window mask in every head plane), CLEANs them, reads the
+//! short prompt tail padded to `N` with the pads in front of or after the real rows
+//! (contract §4.4, [`crate::tail`]). Each run writes its fixed inputs (the rows, M-RoPE
+//! cos/sin, the right-aligned window mask in every head plane), CLEANs them, reads the
 //! current cache set and writes the other, and INVALIDATEs the logits before the CPU reads
 //! them.
 
@@ -15,6 +16,7 @@ use vlm::engine::{check_rows, Backend, EngineError, StateShape};
 
 use crate::contract::FIXED_IN;
 use crate::error::device;
+use crate::tail::PadLayout;
 use crate::{state, BpuBackend, BpuError};
 
 /// Input index of the window mask among the fixed inputs.
@@ -72,7 +74,8 @@ fn write_input(buf: &mut DeviceBuffer, spec: &TensorSpec, data: &[f32]) -> Resul
 
 impl BpuBackend {
     /// Runs `rows` as whole prefill chunks while they last, then the tail padded to one chunk
-    /// when [`Self::pad_tail_fits`], else row by row; `interrupt` is asked before every run.
+    /// when [`Self::pad_tail_layout`] says so, else row by row; `interrupt` is asked before
+    /// every run.
     pub(crate) fn step_rows(
         &mut self,
         rows: &[f32],
@@ -88,49 +91,54 @@ impl BpuBackend {
                 return Ok(false);
             }
             let rest = n - i;
-            let (take, padded) = if chunk >= 2 && rest >= chunk {
-                (chunk, false)
-            } else if self.pad_tail_fits(rest) {
-                (rest, true)
+            let (take, pad) = if chunk >= 2 && rest >= chunk {
+                (chunk, None)
+            } else if let Some(layout) = self.pad_tail_layout(rest) {
+                (rest, Some(layout))
             } else {
-                (1, false)
+                (1, None)
             };
             let (r, p) = (&rows[i * h..(i + take) * h], &positions[i..i + take]);
-            if padded {
-                self.run_chunk(r, p, Some(chunk))?;
-            } else {
-                self.run_chunk(r, p, None)?;
-            }
+            self.run_chunk(r, p, pad)?;
             i += take;
         }
         Ok(true)
     }
 
-    /// Whether a tail of `t` rows goes through the prefill graph padded to `N`: padding
-    /// enabled, `prefill_min_tail <= t < N`, and `N` free slots (the graph shifts every window
-    /// by `N` before the host takes the pad rows back out).
-    fn pad_tail_fits(&self, t: usize) -> bool {
+    /// The pad layout when a tail of `t` rows goes through the prefill graph padded to `N`:
+    /// padding decided ([`crate::tail::TailDecision`]), `prefill_min_tail <= t < N`, and `N`
+    /// free slots (the graph shifts every window by `N` before the host takes the pad rows
+    /// back out).
+    fn pad_tail_layout(&self, t: usize) -> Option<PadLayout> {
         let n = self.info.prefill_chunk;
-        self.pad_min_tail
-            .is_some_and(|min| t >= min && t < n && self.context_left() >= n)
+        let min = self.tail.min_tail?;
+        let fits = t >= min && t < n && self.context_left() >= n;
+        self.tail.mode.layout().filter(|_| fits)
     }
 
     /// Runs `positions.len()` rows through the decode graph (1 row) or the prefill graph
-    /// (`N` rows, or fewer padded to `pad_to = Some(N)`: pad rows are zero with cos 1 / sin 0
-    /// and a fully masked mask row, contract §4.4).
+    /// (`N` rows, or fewer padded to `N` where `pad` says: pad rows are zero with cos 1 /
+    /// sin 0 and a fully masked mask row, contract §4.4).
     pub(crate) fn run_chunk(
         &mut self,
         rows: &[f32],
         positions: &[Pos3],
-        pad_to: Option<usize>,
+        pad: Option<PadLayout>,
     ) -> Result<(), EngineError> {
         let n = positions.len();
-        let g_rows = self.graph_rows(rows.len(), n, pad_to)?;
-        let inputs = self.inputs(rows, positions, g_rows)?;
-        let off = self.run_graph(&inputs, g_rows, n)?;
-        if g_rows > n {
+        let g_rows = self.graph_rows(rows.len(), n, pad.is_some())?;
+        let layout = pad.filter(|_| g_rows > n);
+        let inputs = self.inputs(rows, positions, g_rows, layout)?;
+        let off = self.run_graph(&inputs, g_rows, n, layout)?;
+        if let Some(layout) = layout {
             let next = &mut self.sets[self.phase ^ 1];
-            unpad_windows(next, &self.state_shape, g_rows - n, self.consumed + g_rows)?;
+            let fix = Unpad {
+                layout,
+                pads: g_rows - n,
+                chunk: g_rows,
+                filled: self.consumed + g_rows,
+            };
+            unpad_windows(next, &self.state_shape, &fix)?;
         }
         self.advance(positions);
         if g_rows == 1 {
@@ -141,14 +149,9 @@ impl BpuBackend {
         }
     }
 
-    /// Rows the graph runs for `n` real rows of `values` floats: the real ones, then pads up
+    /// Rows the graph runs for `n` real rows of `values` floats: the real ones, plus pads up
     /// to `N` when the tail is padded.
-    fn graph_rows(
-        &self,
-        values: usize,
-        n: usize,
-        pad_to: Option<usize>,
-    ) -> Result<usize, EngineError> {
+    fn graph_rows(&self, values: usize, n: usize, pad: bool) -> Result<usize, EngineError> {
         let h = self.shape.hidden;
         if values != n * h {
             return Err(EngineError::Shape {
@@ -158,7 +161,7 @@ impl BpuBackend {
             });
         }
         let chunk = self.info.prefill_chunk;
-        let padded = pad_to.is_some_and(|p| p == chunk && chunk >= 2 && n >= 1 && n < chunk);
+        let padded = pad && chunk >= 2 && n >= 1 && n < chunk;
         if !(padded || n == 1 || (chunk >= 2 && n == chunk)) {
             return Err(EngineError::RowCount { rows: n, chunk });
         }
@@ -173,12 +176,14 @@ impl BpuBackend {
         Ok(g_rows)
     }
 
-    /// The fixed inputs for `g_rows` graph rows; rows past the real ones are pads.
+    /// The fixed inputs for `g_rows` graph rows; the `g_rows − n` pads go where `layout`
+    /// says.
     fn inputs<'a>(
         &mut self,
         rows: &'a [f32],
         positions: &[Pos3],
         g_rows: usize,
+        layout: Option<PadLayout>,
     ) -> Result<Inputs<'a>, EngineError> {
         let n = positions.len();
         let rope: Vec<qwen35::Pos3> = positions.iter().map(|&p| p.into()).collect();
@@ -191,22 +196,41 @@ impl BpuBackend {
         } else {
             qwen35::window_mask(self.consumed, g_rows, cl, self.shape.mask_heads)
         };
-        if g_rows == n {
+        let Some(layout) = layout.filter(|_| g_rows > n) else {
             return Ok(Inputs {
                 x: Cow::Borrowed(rows),
                 cos,
                 sin,
                 mask,
             });
+        };
+        let (h, rot, pads) = (self.shape.hidden, self.shape.rot, g_rows - n);
+        let mut x = Vec::with_capacity(g_rows * h);
+        match layout {
+            PadLayout::Last => {
+                cos.resize(g_rows * rot, 1.0);
+                sin.resize(g_rows * rot, 0.0);
+                for plane in mask.chunks_exact_mut(g_rows * cl) {
+                    plane[n * cl..].fill(qwen35::MASK_NEG);
+                }
+                x.extend_from_slice(rows);
+                x.resize(g_rows * h, 0.0);
+            }
+            PadLayout::First => {
+                cos.splice(0..0, std::iter::repeat_n(1.0, pads * rot));
+                sin.splice(0..0, std::iter::repeat_n(0.0, pads * rot));
+                // Real row j (row pads + j) sees the old slots and the new rows up to its own,
+                // never the pad slots [CL − N, CL − n) between them.
+                for plane in mask.chunks_exact_mut(g_rows * cl) {
+                    plane[..pads * cl].fill(qwen35::MASK_NEG);
+                    for row in plane[pads * cl..].chunks_exact_mut(cl) {
+                        row[cl - g_rows..cl - n].fill(qwen35::MASK_NEG);
+                    }
+                }
+                x.resize(pads * h, 0.0);
+                x.extend_from_slice(rows);
+            }
         }
-        cos.resize(g_rows * self.shape.rot, 1.0);
-        sin.resize(g_rows * self.shape.rot, 0.0);
-        for plane in mask.chunks_exact_mut(g_rows * cl) {
-            plane[n * cl..].fill(qwen35::MASK_NEG);
-        }
-        let mut x = Vec::with_capacity(g_rows * self.shape.hidden);
-        x.extend_from_slice(rows);
-        x.resize(g_rows * self.shape.hidden, 0.0);
         Ok(Inputs {
             x: Cow::Owned(x),
             cos,
@@ -216,12 +240,14 @@ impl BpuBackend {
     }
 
     /// Runs the graph for `g_rows` from the current cache set into the other and returns the
-    /// byte offset of the last real row (row `n - 1`) in its logits output.
+    /// byte offset of the last real row's logits in its output (row `n − 1`, or the last row
+    /// with pads in front).
     fn run_graph(
         &mut self,
         inputs: &Inputs,
         g_rows: usize,
         n: usize,
+        layout: Option<PadLayout>,
     ) -> Result<usize, EngineError> {
         let len = self.row_bytes();
         let chunk = self.info.prefill_chunk;
@@ -258,9 +284,13 @@ impl BpuBackend {
             .invalidate()
             .map_err(|e| device("INVALIDATE", e))?;
         let out = &io.graph.outputs()[0];
-        // All-row logits of a padded chunk: the last real row's (pad rows follow it).
+        // All-row logits: the last real row's. A last-row output is that row already (pads
+        // in front, or a graph that selects it).
         let last = if out.rows() >= g_rows {
-            n - 1
+            match layout {
+                Some(PadLayout::First) => g_rows - 1,
+                _ => n - 1,
+            }
         } else {
             out.rows().saturating_sub(1)
         };
@@ -302,30 +332,50 @@ impl BpuBackend {
     }
 }
 
-/// After a padded chunk the window-indexed K/V caches end with `pads` zero rows; move the
-/// real rows back to the right end and zero the front (contract §4.4): `P` grows by the
-/// real rows only. Only the last `filled` rows (`P` before the chunk + `N`) can be
-/// non-zero — the window is right-aligned and starts zeroed — so only they move, and the
-/// cost follows the conversation, not the window size.
+/// One padded chunk, for the K/V fix-up after it.
+struct Unpad {
+    layout: PadLayout,
+    /// Pad rows (`N − t`).
+    pads: usize,
+    /// Rows the graph ran (`N`).
+    chunk: usize,
+    /// `P` before the chunk + `N`: only the last `filled` window rows can be non-zero (the
+    /// window is right-aligned and starts zeroed), so only they move and the cost follows
+    /// the conversation, not the window size.
+    filled: usize,
+}
+
+/// After a padded chunk the graph has shifted every window-indexed K/V cache by `N`, so its
+/// pad rows sit among the real ones: at the window end with pads last (`[old | t new |
+/// pads]`), between the old and the new rows with pads first (`[old | pads | t new]`). The
+/// rows before the pads move right by their count and the front is zeroed (contract §4.4):
+/// `P` grows by the real rows only.
 fn unpad_windows(
     set: &mut [DeviceBuffer],
     shape: &StateShape,
-    pads: usize,
-    filled: usize,
+    u: &Unpad,
 ) -> Result<(), EngineError> {
-    let first = shape.context - filled.min(shape.context);
+    let cl = shape.context;
+    let first = cl - u.filled.min(cl);
+    // Window rows [first, end) move right by `pads`.
+    let end = match u.layout {
+        PadLayout::Last => cl - u.pads,
+        PadLayout::First => cl - u.chunk,
+    };
     for (buf, layout) in set.iter_mut().zip(&shape.caches) {
         let Some(row) = layout.window_row_bytes else {
             continue;
         };
-        let (start, end) = (first * row, shape.context * row);
-        buf.invalidate_range(start, end - start)
+        let (start, stop) = (first * row, cl * row);
+        buf.invalidate_range(start, stop - start)
             .map_err(|e| device("INVALIDATE", e))?;
         let bytes = buf.as_mut_bytes();
-        let shift = pads * row;
-        bytes.copy_within(start..end - shift, start + shift);
+        let shift = u.pads * row;
+        if end > first {
+            bytes.copy_within(start..end * row, start + shift);
+        }
         bytes[start..start + shift].fill(0);
-        buf.clean_range(start, end - start)
+        buf.clean_range(start, stop - start)
             .map_err(|e| device("CLEAN", e))?;
     }
     Ok(())

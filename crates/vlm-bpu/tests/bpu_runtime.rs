@@ -14,7 +14,7 @@ use common::{
 };
 use vlm::engine::{prompt_from_ids, Backend, Engine, EngineError};
 use vlm::stream::StreamConfig;
-use vlm_bpu::{BpuBackend, BpuError, BpuOptions};
+use vlm_bpu::{BpuBackend, BpuError, BpuOptions, PrefillTail};
 
 fn sim(cfg: SimConfig) -> Sim {
     let s = Sim::new(cfg);
@@ -146,10 +146,12 @@ fn a_padded_tail_matches_stepping() {
     let s = sim(SimConfig::default());
     let stepping = BpuOptions {
         no_vision: true,
+        prefill_tail: PrefillTail::Stepped,
         ..BpuOptions::default()
     };
+    // The default sim layout is pads last.
     let padding = BpuOptions {
-        pad_tail: true,
+        prefill_tail: PrefillTail::PadsLast,
         ..stepping.clone()
     };
     let mut st = open(d.path(), &stepping).unwrap();

@@ -2,6 +2,10 @@
 //! `--repeats` runs (`--json` for one JSON object). On a sim package the graph latencies come
 //! from the simulator's timing model (`BPU_SIM_TIMING=s100p` predicts the S100P).
 //!
+//! The text request is the chat template around `--prompt`, or with `--prompt-tokens N` a
+//! prompt of exactly `N` rows (token ids, no template); its TTFT is then the time to the
+//! first token's logits (the prompt's prefill), as the seed package's card measures it.
+//!
 //! `--host-overhead` (sim packages): graph time forced to zero, the per-token cost of
 //! everything but the graph — embedding row, rope tables, mask, input writes and CLEAN, logits
 //! INVALIDATE and dequantisation, sampling, detokenisation — for greedy and for the model
@@ -16,10 +20,10 @@ use anyhow::{bail, Context};
 use bpu_sim::Implementation;
 use clap::Args;
 
-use super::bpu_flags::BpuFlags;
+use super::bpu_flags::{BpuFlags, RunFlags};
 use serde_json::json;
 use vlm::chat::{ChatTemplate, ImageSlot, SystemOptions, UserTurn};
-use vlm::engine::{Backend, DecodeOptions, Engine, ImageInput};
+use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, ImageInput};
 use vlm::sampler::{Sampler, SamplingParams};
 use vlm::stream::StreamConfig;
 use vlm::vision::RgbImage;
@@ -48,11 +52,14 @@ pub struct BenchArgs {
     /// Tokens generated per run (decode tok/s is measured over them).
     #[arg(long, value_name = "N", default_value_t = 16)]
     pub max_new: usize,
-    /// Pad the prompt tail when the package sets `prefill_pads`.
-    #[arg(long)]
-    pub pad_tail: bool,
+    /// Text request of exactly N prompt rows (token ids, no chat template); its TTFT is the
+    /// time to the first token's logits.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub prompt_tokens: Option<u32>,
     #[command(flatten)]
     pub bpu: BpuFlags,
+    #[command(flatten)]
+    pub run: RunFlags,
     /// Measure the host overhead per decode step instead (sim packages, graph time zero).
     #[arg(long)]
     pub host_overhead: bool,
@@ -107,10 +114,10 @@ struct Setup {
 fn open(args: &BenchArgs, vision: bool) -> anyhow::Result<Setup> {
     let mut opts = BpuOptions {
         no_vision: !vision,
-        pad_tail: args.pad_tail,
         ..BpuOptions::default()
     };
     args.bpu.apply(&mut opts);
+    args.run.apply(&mut opts);
     let mut load_s = Vec::new();
     let mut last: Option<BpuBackend> = None;
     for _ in 0..args.repeats.max(1) {
@@ -175,6 +182,45 @@ fn request(
     Ok((ttft, t.decode_tokens_per_s, prompt.rows()))
 }
 
+/// `n` token ids of a fixed English passage (repeated as needed): a text prompt of exactly
+/// `n` rows.
+fn prompt_ids(s: &Setup, n: usize) -> anyhow::Result<Vec<u32>> {
+    const PASSAGE: &str = "The quick brown fox jumps over the lazy dog while the camera \
+        watches the yard, and the robot waits for its next instruction. ";
+    let enc = s
+        .engine
+        .tokenizer()
+        .encode(PASSAGE, false)
+        .map_err(|e| anyhow::anyhow!("encoding the bench passage: {e}"))?;
+    let ids = enc.get_ids();
+    if ids.is_empty() {
+        bail!("the tokenizer encodes the bench passage to no token");
+    }
+    Ok(ids.iter().copied().cycle().take(n).collect())
+}
+
+/// One request of exactly `ids.len()` prompt rows from an empty state: (time to the first
+/// token's logits s, decode tok/s, rows).
+fn ids_request(
+    s: &mut Setup,
+    args: &BenchArgs,
+    ids: &[u32],
+) -> anyhow::Result<(f64, Option<f64>, usize)> {
+    s.engine.backend_mut().reset()?;
+    let prompt = prompt_from_ids(ids, u32::MAX, 1)?;
+    let t0 = Instant::now();
+    s.engine.prefill(&prompt, &[], &mut || false)?;
+    let ttft = t0.elapsed().as_secs_f64();
+    let mut sampler = Sampler::new(SamplingParams::default())?;
+    let g = s.engine.decode(
+        &mut sampler,
+        StreamConfig::new(Vec::new(), args.max_new.max(1)),
+        DecodeOptions::default(),
+        &mut |_| {},
+    )?;
+    Ok((ttft, g.completion.timings.decode_tokens_per_s, ids.len()))
+}
+
 pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     if args.host_overhead {
         return host_overhead(args);
@@ -188,8 +234,15 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
     let implementation = s.engine.backend().implementation();
     let (mut text_ttft, mut img_ttft, mut tps) = (Vec::new(), Vec::new(), Vec::new());
     let (mut text_rows, mut img_rows) = (0, 0);
+    let ids = match args.prompt_tokens {
+        Some(n) => Some(prompt_ids(&s, n as usize)?),
+        None => None,
+    };
     for _ in 0..args.repeats.max(1) {
-        let (t, d, rows) = request(&mut s, args, None)?;
+        let (t, d, rows) = match &ids {
+            Some(ids) => ids_request(&mut s, args, ids)?,
+            None => request(&mut s, args, None)?,
+        };
         text_ttft.push(t);
         tps.extend(d);
         text_rows = rows;
@@ -200,12 +253,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
     }
     let timing = std::env::var(bpu_sim::config::TIMING_ENV).ok();
+    let tail = s.engine.backend().tail_decision().clone();
     let r = json!({
         "package": args.package,
         "implementation": implementation.to_string(),
         "sim_timing": if implementation == Implementation::Sim { timing.clone() } else { None },
         "repeats": args.repeats.max(1),
         "prefill_chunk": s.engine.backend().info().prefill_chunk,
+        "prefill_tail": tail.mode,
+        "prefill_tail_reason": tail.reason,
+        "text_prompt": if ids.is_some() { "token ids" } else { "chat template" },
         "text_prompt_rows": text_rows,
         "image_prompt_rows": if has_vision { Some(img_rows) } else { None },
         "load_s": median(&s.load_s),
@@ -233,6 +290,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<()> {
             .unwrap_or_default()
     )?;
     writeln!(out, "medians over {} runs", args.repeats.max(1))?;
+    writeln!(out, "  prompt tail   {} ({})", tail.mode, tail.reason)?;
     writeln!(out, "  load          {} s", f("load_s"))?;
     writeln!(
         out,

@@ -9,6 +9,38 @@ pub struct BpuFlags {
     /// an error naming the graph; the process must then exit (the task may still be running).
     #[arg(long, value_name = "SECONDS", default_value_t = vlm_bpu::DEFAULT_TIMEOUT.as_secs_f64(), value_parser = parse_timeout)]
     pub bpu_timeout_s: f64,
+    /// How a prompt tail shorter than a prefill chunk runs: `auto` pads it when the package
+    /// sets `prefill_pads`, with the pad layout calibrated once per package (cached in
+    /// $VLM_BPU_CACHE_DIR, else $XDG_CACHE_HOME/bpu_vlm or ~/.cache/bpu_vlm), and steps it
+    /// otherwise; `stepped` runs it row by row through the decode graph; `pads_first` /
+    /// `pads_last` force a layout (timing runs on packages without weights).
+    #[arg(
+        long,
+        value_name = "auto|stepped|pads_first|pads_last",
+        default_value_t = vlm_bpu::PrefillTail::Auto,
+        conflicts_with = "pad_tail"
+    )]
+    pub prefill_tail: vlm_bpu::PrefillTail,
+    /// Same as `--prefill-tail auto` (kept for older scripts).
+    #[arg(long)]
+    pub pad_tail: bool,
+}
+
+/// Flags of the commands that run requests (generate, chat, bench).
+#[derive(Debug, Clone, Args)]
+pub struct RunFlags {
+    /// Never use the prefill graph: every prompt row runs through the decode graph (the
+    /// model zoo's parity gate compares with and without it); a separate prefill `.hbm` is
+    /// not loaded.
+    #[arg(long)]
+    pub no_prefill_graph: bool,
+}
+
+impl RunFlags {
+    /// Copies the flags into `opts`.
+    pub fn apply(&self, opts: &mut BpuOptions) {
+        opts.no_prefill_graph = self.no_prefill_graph;
+    }
 }
 
 fn parse_timeout(s: &str) -> Result<f64, String> {
@@ -21,5 +53,10 @@ impl BpuFlags {
     pub fn apply(&self, opts: &mut BpuOptions) {
         opts.timeout =
             vlm_bpu::timeout_from_secs(self.bpu_timeout_s).unwrap_or(vlm_bpu::DEFAULT_TIMEOUT);
+        opts.prefill_tail = if self.pad_tail {
+            vlm_bpu::PrefillTail::Auto
+        } else {
+            self.prefill_tail
+        };
     }
 }

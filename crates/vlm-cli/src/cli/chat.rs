@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 
-use super::bpu_flags::BpuFlags;
+use super::bpu_flags::{BpuFlags, RunFlags};
 use serde_json::json;
 use vlm::assistant::{Assistant, Conversation, Reply, Turn};
 use vlm::engine::ImageInput;
@@ -78,6 +78,8 @@ pub struct ChatArgs {
     pub priority: u8,
     #[command(flatten)]
     pub bpu: BpuFlags,
+    #[command(flatten)]
+    pub run: RunFlags,
     /// Print each turn's result as one JSON object instead of streaming text.
     #[arg(long)]
     pub json: bool,
@@ -171,6 +173,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     };
     opts.bpu.priority = args.priority;
     args.bpu.apply(&mut opts.bpu);
+    args.run.apply(&mut opts.bpu);
     let tools = match &args.tools {
         Some(p) => {
             let text = std::fs::read_to_string(p)

@@ -1,5 +1,6 @@
 //! `vlm check <PACKAGE> [--no-vision]`: prints the package, its graphs and their I/O, and every
 //! contract violation (each naming the file and the reason); exits non-zero on any.
+//! `--report [--json]` prints the fuller report of [`super::report`] instead.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -25,6 +26,14 @@ pub struct CheckArgs {
     pub lib_dir: Option<PathBuf>,
     #[command(flatten)]
     pub bpu: BpuFlags,
+    /// Everything a board user needs to see: libraries and versions, SoC, every graph's
+    /// tensors (names, types, strides, sizes, quantisation) and its file, reserved memory and
+    /// the pool preflight, the prompt-tail decision (calibrating it when needed), violations.
+    #[arg(long)]
+    pub report: bool,
+    /// With --report: one JSON object instead of text.
+    #[arg(long, requires = "report")]
+    pub json: bool,
 }
 
 fn tensor(t: &TensorSpec) -> String {
@@ -45,6 +54,9 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
         ..BpuOptions::default()
     };
     args.bpu.apply(&mut opts);
+    if args.report {
+        return super::report::run(&args.package, &opts, args.json);
+    }
     let r = check_package(&args.package, &opts);
     let mut out = std::io::stdout().lock();
     writeln!(out, "package {}", args.package.display())?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::{ArgGroup, Args};
 
-use super::bpu_flags::BpuFlags;
+use super::bpu_flags::{BpuFlags, RunFlags};
 use qwen35::{patchify_rgb8, PreparedImage, Qwen35Model};
 use serde::Serialize;
 use vlm::engine::{prompt_from_ids, Backend, DecodeOptions, Engine, ImageInput};
@@ -27,11 +27,10 @@ pub struct GenerateArgs {
     /// BLLM package folder (model.json); runs on the BPU, or the simulator for sim packages.
     #[arg(long, value_name = "DIR")]
     pub package: Option<PathBuf>,
-    /// Run a padded prompt tail when the package sets `prefill_pads` (default: step the tail).
-    #[arg(long, requires = "package")]
-    pub pad_tail: bool,
     #[command(flatten)]
     pub bpu: BpuFlags,
+    #[command(flatten)]
+    pub run: RunFlags,
     /// Prompt token ids, comma separated.
     #[arg(long, value_name = "ID,ID,...", value_delimiter = ',', required = true)]
     pub prompt_ids: Vec<u32>,
@@ -128,10 +127,10 @@ fn run_package(dir: &Path, args: &GenerateArgs) -> anyhow::Result<Greedy> {
     let t0 = std::time::Instant::now();
     let mut opts = BpuOptions {
         no_vision: args.image.is_empty(),
-        pad_tail: args.pad_tail,
         ..BpuOptions::default()
     };
     args.bpu.apply(&mut opts);
+    args.run.apply(&mut opts);
     let backend =
         BpuBackend::open(dir, &opts).with_context(|| format!("opening {}", dir.display()))?;
     let cfg = backend.config();

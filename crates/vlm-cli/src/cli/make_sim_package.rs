@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use bpu_sim::package::{make_sim_package, PackageOptions, PrefillIn};
-use bpu_sim::LogitsType;
+use bpu_sim::{LogitsType, PadLayout};
 use clap::{Args, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -21,6 +21,15 @@ pub enum PrefillInArg {
 pub enum PrefillLogitsArg {
     Last,
     All,
+}
+
+/// Where the padded prefill graph expects its pad rows.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PadLayoutArg {
+    /// Pads in front of the real rows; the physically last row's logits are the output.
+    First,
+    /// Pads after the real rows; the graph outputs the last real row's logits.
+    Last,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -70,6 +79,11 @@ pub struct MakeSimPackageArgs {
     /// `prefill_min_tail` written with --prefill-pads.
     #[arg(long, value_name = "N")]
     pub prefill_min_tail: Option<usize>,
+    /// Where the padded prefill graph expects its pad rows (it counts the real rows from the
+    /// mask and takes the others as pads, whatever the runtime put there). Not written to
+    /// model.json: the runtime has to find out (`--prefill-tail auto` calibrates).
+    #[arg(long, value_enum, default_value = "last", requires = "prefill_pads")]
+    pub pad_layout: PadLayoutArg,
     /// Rank of the vision tower's input and output: 2 (`[n, len]`) or more (leading 1s, e.g.
     /// 3 for `[1, n, len]`).
     #[arg(long, value_name = "N", default_value_t = 2)]
@@ -121,6 +135,10 @@ pub fn run(args: &MakeSimPackageArgs) -> anyhow::Result<()> {
     o.quant_axis = args.quant_axis;
     o.prefill_pads = args.prefill_pads;
     o.prefill_min_tail = args.prefill_min_tail;
+    o.pad_layout = match args.pad_layout {
+        PadLayoutArg::First => PadLayout::First,
+        PadLayoutArg::Last => PadLayout::Last,
+    };
     let summary = make_sim_package(&o)
         .with_context(|| format!("writing sim package {}", args.out.display()))?;
     tracing::info!(

@@ -6,6 +6,7 @@ mod chat;
 mod check;
 mod generate;
 mod make_sim_package;
+mod report;
 
 use clap::{Parser, Subcommand};
 

@@ -1,0 +1,366 @@
+//! `vlm check --report`: what someone holding a board needs to see of a package before the
+//! first run, in one place — the libraries and their versions, the SoC, every graph's inputs
+//! and outputs as the runtime reports them (names, shapes, types, strides, sizes,
+//! quantisation) and the file that supplied it, the `ion*` reserved-memory nodes and the pool
+//! preflight's numbers, the prompt-tail decision and every contract violation.
+//!
+//! Built on [`crate::check::check_package`]; the tail decision comes from the same plan and
+//! cache as an open backend, and only a package that needs a calibration and has none cached
+//! is opened (which calibrates and caches, as the first real start would).
+
+use std::path::{Path, PathBuf};
+
+use bpu_sim::Implementation;
+use hbdnn::{Runtime, TensorSpec};
+use serde::Serialize;
+
+use vlm::package::ModelConfig;
+
+use crate::check::{check_package, CheckReport, GraphReport};
+use crate::contract::FIXED_IN;
+use crate::tail::{plan, Plan, TailDecision, TailMode};
+use crate::{pool, tail_cache, BpuBackend, BpuOptions, RuntimeInfo};
+
+/// Everything `vlm check --report` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct PackageReport {
+    pub package: PathBuf,
+    /// `sim` or `board`, when the package's files say.
+    pub implementation: Option<String>,
+    pub runtime: Option<RuntimeInfo>,
+    /// Why the runtime could not be opened.
+    pub runtime_error: Option<String>,
+    pub manifest: Option<Manifest>,
+    pub files: Vec<FileEntry>,
+    pub graphs: Vec<GraphEntry>,
+    /// Rows per prefill chunk when a compatible prefill graph exists.
+    pub prefill_chunk: Option<usize>,
+    pub memory: Option<Memory>,
+    /// `stepped`, `pads_first` or `pads_last`.
+    pub prefill_tail: TailMode,
+    pub prefill_tail_decision: TailDecision,
+    pub violations: Vec<String>,
+}
+
+/// The `model.json` keys a board user checks first.
+#[derive(Debug, Clone, Serialize)]
+pub struct Manifest {
+    pub name: String,
+    pub graph: String,
+    pub prefill_graph: String,
+    pub cache_len: u32,
+    pub bpu_cores: u32,
+    pub prefill_pads: bool,
+    pub prefill_min_tail: Option<u32>,
+    pub eos: Vec<u32>,
+    pub vision: bool,
+}
+
+/// One `.hbm` file and the graphs it supplied.
+#[derive(Debug, Clone, Serialize)]
+pub struct FileEntry {
+    pub path: PathBuf,
+    pub bytes: u64,
+    pub graphs: Vec<String>,
+}
+
+/// One graph.
+#[derive(Debug, Clone, Serialize)]
+pub struct GraphEntry {
+    pub name: String,
+    pub file: PathBuf,
+    pub inputs: Vec<TensorEntry>,
+    pub outputs: Vec<TensorEntry>,
+}
+
+/// One tensor as the runtime reports it.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorEntry {
+    pub index: usize,
+    /// `None` when the library has no name getter.
+    pub name: Option<String>,
+    pub shape: Vec<usize>,
+    pub tensor_type: String,
+    /// As reported (`-1` = the runtime picks).
+    pub strides_reported: Vec<i64>,
+    /// As used (`-1` resolved with 32-byte alignment).
+    pub strides: Vec<usize>,
+    /// `alignedByteSize` as reported (≤ 0: none).
+    pub aligned_byte_size: i64,
+    /// Bytes a buffer is allocated with.
+    pub buffer_bytes: usize,
+    /// `quantiType` (`none`, `scale`, or the number).
+    pub quanti_type: String,
+    pub scale_len: usize,
+    pub quantize_axis: i32,
+    /// The scale when there is exactly one.
+    pub scale: Option<f32>,
+    pub zero_point_len: usize,
+}
+
+impl TensorEntry {
+    fn of(index: usize, t: &TensorSpec) -> Self {
+        Self {
+            index,
+            name: t.name.clone(),
+            shape: t.shape.clone(),
+            tensor_type: format!("{:?}", t.dtype),
+            strides_reported: t.reported_strides.clone(),
+            strides: t.strides.clone(),
+            aligned_byte_size: t.reported_aligned_byte_size,
+            buffer_bytes: t.byte_size,
+            quanti_type: match t.quanti_type {
+                0 => "none".into(),
+                1 => "scale".into(),
+                n => n.to_string(),
+            },
+            scale_len: t.scale.len(),
+            quantize_axis: t.quantize_axis,
+            scale: (t.scale.len() == 1).then(|| t.scale0()),
+            zero_point_len: t.zero_point.len(),
+        }
+    }
+}
+
+/// The ION pool and what the package needs of it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    /// Where the free bytes come from, or why they are unknown.
+    pub source: String,
+    /// Free bytes before loading; `None` = unknown or unlimited.
+    pub available: Option<u64>,
+    pub unlimited: bool,
+    /// Every `ion*` reserved-memory node: name and size (or why it could not be read).
+    pub reserved_memory: Vec<ReservedNode>,
+    /// Pool bytes the `.hbm` loads take (board: the files plus the loader's margin).
+    pub hbm_bytes: u64,
+    /// Two cache sets plus the text graphs' I/O buffers.
+    pub buffer_bytes: Option<u64>,
+    /// `fits`, `too small` or `unknown`.
+    pub verdict: String,
+    /// What to do when it does not fit.
+    pub fix: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ReservedNode {
+    pub name: String,
+    pub bytes: Option<u64>,
+    pub error: Option<String>,
+}
+
+/// Builds the report of the package in `dir` (see the module docs).
+pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
+    let r = check_package(dir, opts);
+    let implementation = r.implementation;
+    let (runtime, runtime_error) = match implementation.map(|i| runtime_info(i, opts)) {
+        Some(Ok(info)) => (Some(info), None),
+        Some(Err(e)) => (None, Some(e)),
+        None => (None, None),
+    };
+    let files = r
+        .files
+        .iter()
+        .map(|(path, bytes)| FileEntry {
+            path: path.clone(),
+            bytes: *bytes,
+            graphs: r
+                .graphs
+                .iter()
+                .filter(|g| g.file == *path)
+                .map(|g| g.name.clone())
+                .collect(),
+        })
+        .collect();
+    let graphs = r.graphs.iter().map(graph_entry).collect();
+    let memory = memory(&r);
+    let mut violations: Vec<String> = r.violations.iter().map(ToString::to_string).collect();
+    let decision = tail_decision(dir, opts, &r, runtime.as_ref(), &mut violations);
+    PackageReport {
+        package: dir.to_owned(),
+        implementation: implementation.map(|i| i.to_string()),
+        runtime,
+        runtime_error,
+        manifest: r.config.as_ref().map(manifest),
+        files,
+        graphs,
+        prefill_chunk: r.prefill_chunk,
+        memory,
+        prefill_tail: decision.mode,
+        prefill_tail_decision: decision,
+        violations,
+    }
+}
+
+fn runtime_info(implementation: Implementation, opts: &BpuOptions) -> Result<RuntimeInfo, String> {
+    let rt = match implementation {
+        Implementation::Sim => Runtime::new(bpu_sim::table().map_err(|e| e.to_string())?),
+        Implementation::Board => {
+            Runtime::board(opts.lib_dir.as_deref()).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(RuntimeInfo::of(&rt))
+}
+
+fn manifest(c: &ModelConfig) -> Manifest {
+    Manifest {
+        name: c.name.clone(),
+        graph: c.graph.clone(),
+        prefill_graph: c.prefill_graph(),
+        cache_len: c.cache_len,
+        bpu_cores: c.bpu_cores,
+        prefill_pads: c.prefill_pads,
+        prefill_min_tail: c.prefill_min_tail,
+        eos: c.eos.clone(),
+        vision: c.visual.is_some(),
+    }
+}
+
+fn graph_entry(g: &GraphReport) -> GraphEntry {
+    let list = |v: &[TensorSpec]| {
+        v.iter()
+            .enumerate()
+            .map(|(i, t)| TensorEntry::of(i, t))
+            .collect()
+    };
+    GraphEntry {
+        name: g.name.clone(),
+        file: g.file.clone(),
+        inputs: list(&g.inputs),
+        outputs: list(&g.outputs),
+    }
+}
+
+/// The decode graph (from the main `.hbm`) and the prefill graph the runtime would use.
+fn text_graphs<'a>(
+    r: &'a CheckReport,
+    cfg: &ModelConfig,
+) -> (Option<&'a GraphReport>, Option<&'a GraphReport>) {
+    let find = |file: &Path, name: &str| r.graphs.iter().find(|g| g.file == file && g.name == name);
+    let decode = find(&cfg.hbm, &cfg.graph);
+    let name = cfg.prefill_graph();
+    let prefill = r.prefill_chunk.and_then(|_| {
+        cfg.existing_hbm_prefill()
+            .and_then(|p| find(p, &name))
+            .or_else(|| find(&cfg.hbm, &name))
+    });
+    (decode, prefill)
+}
+
+fn memory(r: &CheckReport) -> Option<Memory> {
+    let p = r.pool.as_ref()?;
+    let implementation = r.implementation?;
+    let hbm_bytes: u64 = r
+        .files
+        .iter()
+        .map(|&(_, n)| pool::load_bytes(implementation, n))
+        .sum();
+    let buffer_bytes = r.config.as_ref().and_then(|cfg| {
+        let (decode, prefill) = text_graphs(r, cfg);
+        let io = |g: &GraphReport| -> u64 {
+            g.inputs[..FIXED_IN.min(g.inputs.len())]
+                .iter()
+                .chain(g.outputs.first())
+                .map(|s| s.byte_size as u64)
+                .sum()
+        };
+        let d = decode?;
+        let cache_set: u64 = d
+            .inputs
+            .get(FIXED_IN..)?
+            .iter()
+            .map(|s| s.byte_size as u64)
+            .sum();
+        Some(2 * cache_set + io(d) + prefill.map_or(0, io))
+    });
+    let needed = hbm_bytes + buffer_bytes.unwrap_or(0);
+    let verdict = match p.available {
+        Some(a) if a >= needed => "fits",
+        Some(_) => "too small",
+        None if p.unlimited => "fits",
+        None => "unknown",
+    };
+    Some(Memory {
+        source: p.source.clone(),
+        available: p.available,
+        unlimited: p.unlimited,
+        reserved_memory: p
+            .nodes
+            .iter()
+            .map(|n| ReservedNode {
+                name: n.name.clone(),
+                bytes: n.size.as_ref().ok().copied(),
+                error: n.size.as_ref().err().cloned(),
+            })
+            .collect(),
+        hbm_bytes,
+        buffer_bytes,
+        verdict: verdict.into(),
+        fix: p.fix.clone(),
+    })
+}
+
+/// The decision an open backend would reach: from the plan or the cache when they settle it,
+/// else by opening the package (which calibrates and caches). A failure to open is a
+/// violation: the runtime would fail the same way.
+fn tail_decision(
+    dir: &Path,
+    opts: &BpuOptions,
+    r: &CheckReport,
+    runtime: Option<&RuntimeInfo>,
+    violations: &mut Vec<String>,
+) -> TailDecision {
+    let chunk = r.prefill_chunk.unwrap_or(0);
+    let stepped = |reason: String| TailDecision {
+        mode: TailMode::Stepped,
+        requested: opts.prefill_tail,
+        min_tail: None,
+        chunk,
+        reason,
+        calibration: None,
+        cached: false,
+    };
+    let Some(cfg) = r.config.as_ref() else {
+        return stepped("no readable manifest".into());
+    };
+    if !violations.is_empty() {
+        return stepped("not decided: the package has contract violations".into());
+    }
+    let has_weights = match (r.implementation, text_graphs(r, cfg).1) {
+        (Some(Implementation::Sim), Some(g)) => bpu_sim::Container::read_header(&g.file)
+            .ok()
+            .map(|h| h.has_weights),
+        _ => None,
+    };
+    match plan(
+        opts.prefill_tail,
+        cfg,
+        chunk,
+        opts.no_prefill_graph,
+        has_weights,
+    ) {
+        Plan::Decided(d) => return d,
+        Plan::Calibrate { .. } => {}
+    }
+    let cached = tail_cache::cache_dir(opts.cache_dir.as_deref()).and_then(|c| {
+        let key = tail_cache::CacheKey::new(cfg, &runtime?.versions())?;
+        tail_cache::lookup(&c, dir, &key)
+    });
+    if let Some(mut d) = cached {
+        d.cached = true;
+        d.requested = opts.prefill_tail;
+        return d;
+    }
+    // The tower plays no part in the tail: leave it out of the pool.
+    let open = BpuOptions {
+        no_vision: true,
+        ..opts.clone()
+    };
+    match BpuBackend::open(dir, &open) {
+        Ok(b) => b.tail_decision().clone(),
+        Err(e) => {
+            violations.push(format!("opening the package to calibrate the tail: {e}"));
+            stepped(format!("not decided: opening failed ({e})"))
+        }
+    }
+}
