@@ -51,7 +51,8 @@ struct NodeProc {
     log: tokio::task::JoinHandle<String>,
 }
 
-/// Starts `vlm_node` with the launch file's params file and `-p` overrides.
+/// Starts `vlm_node` with the launch file's params file, `demo_model:=true` (the embedded
+/// tiny model; `params` may set it back to false) and the `-p` overrides in `params`.
 fn start_node(
     domain: &str,
     params: &[(&str, &str)],
@@ -62,7 +63,12 @@ fn start_node(
         .arg("--params-file")
         .arg(repo_root().join("launch/vlm_params.yaml"));
     let cache = cache_dir().display().to_string();
-    for (k, v) in params.iter().chain(&[("cache_dir", cache.as_str())]) {
+    let demo = [("demo_model", "true")];
+    for (k, v) in demo
+        .iter()
+        .chain(params)
+        .chain(&[("cache_dir", cache.as_str())])
+    {
         cmd.arg("-p").arg(format!("{k}:={v}"));
     }
     let mut child = cmd
@@ -328,7 +334,9 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
     // A session continues the conversation exactly as vlm::assistant does.
     let s1 = ok("session 1", &rep["session"][0]);
     let s2 = ok("session 2", &rep["session"][1]);
-    let t1 = a.ask(None, &turn(PROMPT, vec![]), &mut |_| {})?;
+    let mut first = turn(PROMPT, vec![]);
+    first.keep = true;
+    let t1 = a.ask(None, &first, &mut |_| {})?;
     let conv = t1.conversation.context("turn 1 finished")?;
     let t2 = a.ask(Some(&conv), &turn(PROMPT2, vec![]), &mut |_| {})?;
     assert_eq!(s1, t1.completion.text);
@@ -543,6 +551,90 @@ fn launch_file_starts_only_vlm_node_with_its_arguments() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The unit test of the launch file's `node_kwargs` (tests/peers/test_launch_args.py): with
+/// no arguments the params file alone decides; each given argument overrides exactly its
+/// parameter; `image_topic` becomes a list.
+#[test]
+fn launch_arguments_override_only_what_is_given() {
+    let out = std::process::Command::new(common::peer_python().unwrap())
+        .arg(repo_root().join("tests/peers/test_launch_args.py"))
+        .arg(repo_root().join("launch/vlm.launch.py"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("PEER OK"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// No `model_dir` and no `demo_model`: a configuration error naming `model_dir` (with the
+/// published package's path as the example), before anything is served; `demo_model:=true`
+/// serves the embedded model (`/ask` answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_without_model_dir_needs_demo_model() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let mut node = start_node(&d, &[("demo_model", "false")], &[])?;
+    let exit = tokio::time::timeout(Duration::from_secs(30), node.child.wait())
+        .await
+        .context("vlm_node without model_dir did not exit within 30 s")??;
+    let log = tokio::time::timeout(Duration::from_secs(5), node.log).await??;
+    assert_eq!(
+        exit.code(),
+        Some(i32::from(bpu_vlm::fatal::EXIT_CONFIG)),
+        "exit status {exit}; log:\n{log}"
+    );
+    assert!(log.contains("parameter `model_dir`"), "{log}");
+    assert!(log.contains(bpu_vlm::params::EXAMPLE_MODEL_DIR), "{log}");
+    assert!(log.contains("demo_model:=true"), "{log}");
+    assert!(!log.contains("EMBEDDED TINY RANDOM MODEL"), "{log}");
+
+    let node = start_node(&d, &[("demo_model", "true")], &[])?;
+    let peer = spawn_python(
+        "tests/peers/node_peer.py",
+        &["text", "--max-new-tokens", "4", "--prompt", PROMPT],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(120)).await;
+    let (exit, log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "exit status {exit}");
+    assert!(log.contains("EMBEDDED TINY RANDOM MODEL"), "{log}");
+    ok("demo_model", &rep["text"]);
+    Ok(())
+}
+
+/// `--ros-args --log-level` (what the launch argument `log_level` passes) sets the node's
+/// stderr filter, over `RUST_LOG`. Without a model the node stops at once with its
+/// configuration error, which every level shows.
+#[test]
+fn log_level_argument_sets_the_node_log_filter() {
+    ros_env();
+    let run = |level: &str, rust_log: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_vlm_node"))
+            .args(["--ros-args", "--log-level", level, "--params-file"])
+            .arg(repo_root().join("launch/vlm_params.yaml"))
+            .env("RUST_LOG", rust_log)
+            .env("ROS_DOMAIN_ID", domain())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(bpu_vlm::fatal::EXIT_CONFIG))
+        );
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(log.contains("parameter `model_dir`"), "{log}");
+        log
+    };
+    let info = "r2r context created";
+    assert!(!run("warn", "debug").contains(info));
+    assert!(run("debug", "error").contains(info));
+    assert!(run("vlm_node:=info", "error").contains(info));
 }
 
 /// `backend: cpu` runs an HF checkpoint with crates/qwen35 behind the same node.
