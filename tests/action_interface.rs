@@ -58,7 +58,7 @@ fn generated_action_types_match_the_service_types() {
     );
     assert!(goal
         .iter()
-        .any(|(n, v)| n == "temperature" && *v == Value::from(-1.0)));
+        .any(|(n, v)| n == "temperature" && v.as_f64() == Some(-1.0)));
     assert_eq!(
         fields(serde_json::to_value(AskAction::Result::default())),
         fields(serde_json::to_value(AskService::Response::default()))
