@@ -16,6 +16,7 @@ use bpu_vlm::params::Params;
 use camera_frame::{CacheConfig, CameraCache, Frame, ImageMsg, Limits, Stamp};
 use proptest::prelude::*;
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
+use vlm::engine::ImageInput;
 
 fn params() -> Params {
     Params::from_values(&HashMap::new()).unwrap()
@@ -583,4 +584,31 @@ fn request_text_moves_into_the_turn() {
     let t0 = Instant::now();
     let job = plan(r, &params(), None, t0).unwrap();
     assert_eq!(job.turn.text.as_ptr(), at);
+}
+
+/// A request's rgb8 image reaches the model input in the buffer the message brought: planning
+/// moves it into the job and the worker's conversion hands it over (no copy on the way).
+#[test]
+fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
+    let data: Vec<u8> = (0..4 * 3 * 3).map(|i| i as u8).collect();
+    let at = data.as_ptr();
+    let mut r = valid();
+    r.images = vec![Image {
+        encoding: "rgb8".into(),
+        width: 4,
+        height: 3,
+        step: 12,
+        data,
+        ..Default::default()
+    }];
+    let t0 = Instant::now();
+    let mut job = plan(r, &params(), Some(&cameras(t0)), t0).unwrap();
+    let inputs = job.images.take_inputs().unwrap();
+    match &inputs[..] {
+        [ImageInput::Rgb(img)] => {
+            assert_eq!((img.width, img.height), (4, 3));
+            assert_eq!(img.data.as_ptr(), at, "the image data was copied");
+        }
+        other => panic!("{} inputs", other.len()),
+    }
 }
