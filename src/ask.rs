@@ -12,7 +12,7 @@ use serde_json::Value;
 use vlm::assistant::Turn;
 use vlm::sampler::SamplingParams;
 
-use crate::cameras::{frame_from_compressed, frame_from_image};
+use crate::cameras::{frame_from_compressed, frame_from_image, frame_header};
 use crate::interface::{enable_thinking, ErrorCode};
 use crate::job::{Images, Job, JobPlan};
 use crate::limits::check_sizes;
@@ -221,6 +221,13 @@ fn pick_images(
     };
     if explicit {
         let limits = Limits::default();
+        // Raw images come first in the model input, so the first of them is "the first".
+        let first = images
+            .first()
+            .map(|m| &m.header)
+            .or_else(|| compressed_images.first().map(|m| &m.header))
+            .map(frame_header)
+            .unwrap_or_default();
         let mut frames = Vec::with_capacity(images.len() + compressed_images.len());
         for (i, m) in images.into_iter().enumerate() {
             frames.push(
@@ -233,7 +240,7 @@ fn pick_images(
                     .map_err(|e| invalid(format!("compressed_images[{i}]: {e}")))?,
             );
         }
-        return Ok(Images::Request(frames));
+        return Ok(Images::Request { frames, first });
     }
     let camera = camera.trim();
     if camera == NO_CAMERA {

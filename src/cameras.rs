@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use camera_frame::{
-    CameraCache, CompressedMsg, Encoding, Frame, FrameError, ImageMsg, Limits, Stamp,
+    CameraCache, CompressedMsg, Encoding, Frame, FrameError, FrameHeader, ImageMsg, Limits, Stamp,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
@@ -53,10 +53,14 @@ pub fn frame_from_compressed(msg: CompressedImage, limits: &Limits) -> Result<Fr
     )
 }
 
-fn stamp(h: &r2r::std_msgs::msg::Header) -> Stamp {
-    Stamp {
-        sec: h.stamp.sec,
-        nanosec: h.stamp.nanosec,
+/// The header parts an answer reports about its image, as the sender wrote them.
+pub fn frame_header(h: &r2r::std_msgs::msg::Header) -> FrameHeader {
+    FrameHeader {
+        stamp: Stamp {
+            sec: h.stamp.sec,
+            nanosec: h.stamp.nanosec,
+        },
+        frame_id: Arc::from(h.frame_id.as_str()),
     }
 }
 
@@ -89,8 +93,10 @@ pub async fn drain(
             msg = newer;
         }
         let (st, outcome) = match msg {
-            CameraMsg::Raw(m) => (stamp(&m.header), frame_from_image(m, &limits)),
-            CameraMsg::Compressed(m) => (stamp(&m.header), frame_from_compressed(m, &limits)),
+            CameraMsg::Raw(m) => (frame_header(&m.header), frame_from_image(m, &limits)),
+            CameraMsg::Compressed(m) => {
+                (frame_header(&m.header), frame_from_compressed(m, &limits))
+            }
         };
         let outcome = match outcome {
             Ok(frame) => decode_on_arrival(frame).await,

@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use camera_frame::{CachedFrame, Frame, Stamp};
+use camera_frame::{CachedFrame, Frame, FrameHeader, Stamp};
 use vlm::assistant::Turn;
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
@@ -16,8 +16,12 @@ use crate::outcome::Failure;
 /// Where the images of an ask come from.
 pub enum Images {
     None,
-    /// Frames sent in the request (validated on arrival).
-    Request(Vec<Frame>),
+    /// Frames sent in the request (validated on arrival), and the first one's header, which
+    /// the answer reports.
+    Request {
+        frames: Vec<Frame>,
+        first: FrameHeader,
+    },
     /// The latest frame of a camera topic.
     Camera(CachedFrame),
 }
@@ -27,21 +31,26 @@ pub enum Images {
 pub struct ImageOrigin {
     /// A camera topic, `request`, or empty for a text-only ask.
     pub source: String,
-    /// The camera frame's header stamp; zero for request images and text-only asks.
+    /// The used image's own header stamp (the first request image's); zero when text-only.
     pub stamp: Stamp,
+    /// The used image's own TF frame, so TF can tie the answer to the camera; empty when
+    /// text-only.
+    pub frame_id: String,
 }
 
 impl Images {
     pub fn origin(&self) -> ImageOrigin {
         match self {
             Self::None => ImageOrigin::default(),
-            Self::Request(_) => ImageOrigin {
+            Self::Request { first, .. } => ImageOrigin {
                 source: "request".to_owned(),
-                stamp: Stamp::default(),
+                stamp: first.stamp,
+                frame_id: first.frame_id.to_string(),
             },
             Self::Camera(c) => ImageOrigin {
                 source: c.topic.to_string(),
                 stamp: c.stamp,
+                frame_id: c.frame_id.to_string(),
             },
         }
     }
@@ -53,7 +62,7 @@ impl Images {
     pub fn take_inputs(&mut self) -> Result<Vec<ImageInput>, Failure> {
         match self {
             Self::None => Ok(Vec::new()),
-            Self::Request(frames) => std::mem::take(frames)
+            Self::Request { frames, .. } => std::mem::take(frames)
                 .into_iter()
                 .enumerate()
                 .map(|(i, f)| {

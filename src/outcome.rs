@@ -113,6 +113,7 @@ impl Outcome {
             origin: ImageOrigin {
                 source: ros_text(origin.source),
                 stamp: origin.stamp,
+                frame_id: ros_text(origin.frame_id),
             },
             completion,
             figures,
@@ -154,7 +155,7 @@ impl Outcome {
         Answer {
             header: Header {
                 stamp: clock::now(),
-                frame_id: self.origin.source.clone(),
+                frame_id: self.origin.frame_id.clone(),
             },
             request_id: self.request_id.clone(),
             prompt: self.prompt.clone(),
@@ -269,6 +270,7 @@ mod tests {
         let origin = ImageOrigin {
             source: "/image_raw".into(),
             stamp: Stamp { sec: 7, nanosec: 9 },
+            frame_id: "camera_optical".into(),
         };
         Outcome::new("req-1".into(), "what is this?".into(), origin, result)
     }
@@ -295,7 +297,7 @@ mod tests {
         assert_eq!((a.decode_tokens_per_s, r.decode_tokens_per_s), (12.5, 12.5));
         assert_eq!(
             (a.image_source.as_str(), a.header.frame_id.as_str()),
-            ("/image_raw", "/image_raw")
+            ("/image_raw", "camera_optical")
         );
         assert_eq!((r.image_stamp.sec, r.image_stamp.nanosec), (7, 9));
         assert_eq!(a.image_stamp, r.image_stamp);

@@ -177,7 +177,7 @@ fn serve(
 ) -> bool {
     let _span = tracing::info_span!("ask", request_id = %job.id).entered();
     let origin = job.plan.images.origin();
-    let mut sink = TokenSink::new(&outputs.tokens, &job.id, &origin.source);
+    let mut sink = TokenSink::new(&outputs.tokens, &job.id, &origin.frame_id);
     let result = match stopped_in_queue(&job) {
         Some(failure) => Err(failure),
         None => generate(assistant, sessions, &mut job.plan, &mut sink),

@@ -178,6 +178,28 @@ fn ok(case: &str, r: &Value) -> String {
     resp["answer"].as_str().unwrap().to_owned()
 }
 
+/// The used image's own header reaches the response, the Answer and every Token: `frame_id`
+/// in the headers, the stamp as `image_stamp`.
+fn check_image_header(case: &str, r: &Value, frame_id: &str, stamp: [i64; 2]) {
+    let pair = |t: &Value| [t["sec"].as_i64().unwrap(), t["nanosec"].as_i64().unwrap()];
+    assert_eq!(
+        pair(&r["response"]["image_stamp"]),
+        stamp,
+        "{case}: response"
+    );
+    let a = &r["answer"];
+    assert_eq!(pair(&a["image_stamp"]), stamp, "{case}: Answer.image_stamp");
+    assert_eq!(a["header"]["frame_id"], frame_id, "{case}: Answer.header");
+    let tokens = r["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty(), "{case}: no tokens");
+    for t in tokens {
+        assert_eq!(
+            t["header"]["frame_id"], frame_id,
+            "{case}: Token.header {t}"
+        );
+    }
+}
+
 fn refused(case: &str, r: &Value, code: &str) {
     let resp = &r["response"];
     assert_eq!(resp["success"], false, "{case}: {resp}");
@@ -269,12 +291,16 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
 
     let camera = ok("camera", &rep["camera"]);
     assert_eq!(rep["camera"]["response"]["image_source"], "/cam");
-    assert!(
-        rep["camera"]["response"]["image_stamp"]["sec"]
-            .as_i64()
-            .unwrap()
-            > 0
-    );
+    // The frame the node kept is one the camera sent (a best-effort sample may be lost).
+    let sent: Vec<[i64; 2]> = serde_json::from_value(rep["camera_sent"].clone())?;
+    let got = &rep["camera"]["response"]["image_stamp"];
+    let got = [
+        got["sec"].as_i64().unwrap(),
+        got["nanosec"].as_i64().unwrap(),
+    ];
+    assert!(sent.contains(&got), "camera stamp {got:?} not in {sent:?}");
+    assert!(got[0] > 0);
+    check_image_header("camera", &rep["camera"], "cam_optical_frame", got);
     // The same turn through vlm::assistant (what `vlm chat` runs), greedy.
     let pkg = bpu_vlm::embedded::ensure_package(&cache_dir())?;
     let mut a = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default())?;
@@ -312,6 +338,10 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
 
     let explicit = ok("explicit", &rep["explicit"]);
     assert_eq!(rep["explicit"]["response"]["image_source"], "request");
+    check_image_header("explicit", &rep["explicit"], "req_frame", [1234, 5678]);
+    check_image_header("compressed", &rep["compressed"], "cmp_frame", [99, 1]);
+    check_image_header("two_images", &rep["two_images"], "first_frame", [42, 7]);
+    check_image_header("text_only", &rep["text_only"], "", [0, 0]);
     let direct_b = a.ask(
         None,
         &turn(PROMPT, vec![load_png("scene_b.png")]),

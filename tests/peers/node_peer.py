@@ -74,6 +74,12 @@ def rgb8(rgb):
     return image('rgb8', w, h, w * 3, rgb.tobytes())
 
 
+def with_header(msg, frame_id, sec, nanosec):
+    msg.header.frame_id = frame_id
+    msg.header.stamp.sec, msg.header.stamp.nanosec = sec, nanosec
+    return msg
+
+
 def nv12(rgb, step, rows):
     """An NV12 Image of `rgb` with `step` bytes per row and `rows` rows per luma plane, and
     OpenCV's RGB of the compact planes."""
@@ -202,16 +208,20 @@ class Peer:
         return self.publishers[topic]
 
     def publish_frames(self, topic, msg, kind=Image, count=5):
-        """Publishes like a camera (several frames, fresh stamps) until the node has one."""
+        """Publishes like a camera (several frames, fresh stamps) until the node has one.
+        Returns the stamps sent, as [sec, nanosec] pairs."""
         pub = self.publisher(topic, kind)
         end = time.monotonic() + 5.0
         while pub.get_subscription_count() == 0 and time.monotonic() < end:
             time.sleep(0.05)
+        sent = []
         for _ in range(count):
             msg.header.stamp = self.node.get_clock().now().to_msg()
+            sent.append([msg.header.stamp.sec, msg.header.stamp.nanosec])
             pub.publish(msg)
             time.sleep(0.05)
         time.sleep(0.2)
+        return sent
 
     def ask_async(self, **fields):
         req = Ask.Request()
@@ -260,18 +270,24 @@ def mode_answers(p, a):
     p.wait_ask()
     rep = {}
     scene_a = load_rgb('scene_a.png')
-    p.publish_frames(a.camera, rgb8(scene_a))
+    # The camera's own TF frame and stamps must reach the answer, not the topic name.
+    rep['camera_sent'] = p.publish_frames(
+        a.camera, with_header(rgb8(scene_a), 'cam_optical_frame', 0, 0))
     rep['camera'] = p.greedy('cam-1', a.prompt)
     rep['think'] = p.greedy('think-1', a.prompt, enable_thinking=Ask.Request.ON)
     rep['text_only'] = p.greedy('text-1', a.prompt, camera='none')
     scene_b = load_rgb('scene_b.png')
-    rep['explicit'] = p.greedy('img-1', a.prompt, images=[rgb8(scene_b)])
+    rep['explicit'] = p.greedy('img-1', a.prompt,
+                               images=[with_header(rgb8(scene_b), 'req_frame', 1234, 5678)])
     ok, png = cv2.imencode('.png', cv2.cvtColor(load_rgb('scene_c.png'), cv2.COLOR_RGB2BGR))
     c = CompressedImage()
     c.format = 'png'
     c.data = png.tobytes()
+    with_header(c, 'cmp_frame', 99, 1)
     rep['compressed'] = p.greedy('cimg-1', a.prompt, compressed_images=[c])
-    rep['two_images'] = p.greedy('two-1', a.prompt, images=[rgb8(scene_b)],
+    # Several request images: the first one's header (raw images come first) is reported.
+    rep['two_images'] = p.greedy('two-1', a.prompt,
+                                 images=[with_header(rgb8(scene_b), 'first_frame', 42, 7)],
                                  compressed_images=[c])
     # Sessions: two text turns continue one conversation.
     rep['session'] = [p.greedy('sess-1', a.prompt, camera='none', session_id='s1'),

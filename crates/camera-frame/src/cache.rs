@@ -18,6 +18,24 @@ pub struct Stamp {
     pub nanosec: u32,
 }
 
+/// The parts of a message header (`std_msgs/Header`) an answer reports about its image.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct FrameHeader {
+    pub stamp: Stamp,
+    /// The sensor's TF frame, as the camera sent it (possibly empty).
+    pub frame_id: Arc<str>,
+}
+
+impl From<Stamp> for FrameHeader {
+    /// A header with no TF frame.
+    fn from(stamp: Stamp) -> Self {
+        Self {
+            stamp,
+            frame_id: Arc::from(""),
+        }
+    }
+}
+
 /// The frame chosen for an ask, with where and when it came from.
 #[derive(Debug, Clone)]
 pub struct CachedFrame {
@@ -25,6 +43,8 @@ pub struct CachedFrame {
     pub frame: Arc<Frame>,
     /// The header stamp (possibly a sensor clock unrelated to this host's).
     pub stamp: Stamp,
+    /// The header's TF frame, so an answer can be tied to the camera.
+    pub frame_id: Arc<str>,
     /// When the node received it (host monotonic clock); ages are measured from here.
     pub arrival: Instant,
     /// 1 for the first frame accepted on the topic, then counting up.
@@ -218,9 +238,10 @@ impl CameraCache {
         &self,
         topic: &str,
         outcome: Result<Frame, FrameError>,
-        stamp: Stamp,
+        header: impl Into<FrameHeader>,
         now: Instant,
     ) -> Result<Option<RejectWarning>, UnknownTopic> {
+        let header = header.into();
         let (key, slot) = self
             .slots
             .get_key_value(topic)
@@ -236,7 +257,8 @@ impl CameraCache {
                 slot.latest = Some(CachedFrame {
                     topic: key.clone(),
                     frame: Arc::new(frame),
-                    stamp,
+                    stamp: header.stamp,
+                    frame_id: header.frame_id,
                     arrival: now,
                     seq: slot.stats.accepted,
                 });
@@ -397,6 +419,47 @@ mod tests {
         assert!(c
             .record("/other", Ok(frame(0)), Stamp::default(), t0)
             .is_err());
+    }
+
+    #[test]
+    fn latest_frame_keeps_its_own_header_and_a_rejection_keeps_the_previous_one() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let header = |sec, id: &str| FrameHeader {
+            stamp: Stamp { sec, nanosec: 3 },
+            frame_id: Arc::from(id),
+        };
+        c.record("/image_raw", Ok(frame(1)), header(11, "cam_left"), t0)
+            .unwrap();
+        c.record("/image_raw", Err(bad()), header(12, "other"), t0 + S(1))
+            .unwrap();
+        let got = c.select(None, None, t0 + S(1)).unwrap();
+        assert_eq!(
+            (got.stamp, &*got.frame_id),
+            (
+                Stamp {
+                    sec: 11,
+                    nanosec: 3
+                },
+                "cam_left"
+            )
+        );
+        c.record(
+            "/image_raw",
+            Ok(frame(2)),
+            header(13, "cam_right"),
+            t0 + S(2),
+        )
+        .unwrap();
+        let got = c.select(None, None, t0 + S(2)).unwrap();
+        assert_eq!(
+            (got.stamp.sec, &*got.frame_id, got.frame.data()),
+            (13, "cam_right", &[2u8, 2][..])
+        );
+        // A bare stamp carries no TF frame.
+        c.record("/image_raw", Ok(frame(3)), Stamp::default(), t0 + S(3))
+            .unwrap();
+        assert_eq!(&*c.latest("/image_raw").unwrap().frame_id, "");
     }
 
     #[test]

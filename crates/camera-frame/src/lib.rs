@@ -36,8 +36,8 @@ mod mjpeg;
 mod validate;
 
 pub use cache::{
-    CacheConfig, CacheConfigError, CachedFrame, CameraCache, RejectWarning, SelectError, Stamp,
-    TopicStats, UnknownTopic,
+    CacheConfig, CacheConfigError, CachedFrame, CameraCache, FrameHeader, RejectWarning,
+    SelectError, Stamp, TopicStats, UnknownTopic,
 };
 pub use convert::yuv_to_rgb;
 pub use encoding::{parse_compressed_format, Codec, CompressedFormat, Encoding, PixelFormat};
