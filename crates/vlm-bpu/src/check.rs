@@ -6,12 +6,13 @@
 use std::path::{Path, PathBuf};
 
 use bpu_sim::Implementation;
-use hbdnn::{DType, Graph, PackedModel, Runtime, TensorSpec};
+use hbdnn::{PackedModel, Runtime, TensorSpec};
 
 use vlm::package::{LoadOptions, ModelConfig};
 
+use crate::contract::{TEXT_INPUTS, TEXT_OUTPUTS};
 use crate::error::load_error;
-use crate::{contract, lock, open, pool, BpuError, BpuOptions, EmbedTable};
+use crate::{contract, lock, open, pool, tower, BpuError, BpuOptions, EmbedTable};
 
 /// One contract violation: the file and the reason.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +77,7 @@ fn split(e: &BpuError, fallback: &Path) -> (PathBuf, String) {
         | BpuError::Busy { path }
         | BpuError::Lock { path, .. }
         | BpuError::Pool { path, .. }
+        | BpuError::PoolUnknown { path, .. }
         | BpuError::March { path, .. } => path.clone(),
         _ => return (fallback.to_owned(), msg),
     };
@@ -138,7 +140,13 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         .iter()
         .map(|&(_, n)| pool::load_bytes(implementation, n))
         .sum();
-    if let Err(e) = pool::check("the .hbm files", hbm_bytes, &reading, &cfg.hbm) {
+    if let Err(e) = pool::check(
+        "the .hbm files",
+        hbm_bytes,
+        &reading,
+        &cfg.hbm,
+        opts.pool_check,
+    ) {
         r.error(&e, &cfg.hbm);
     }
     r.pool = Some(reading);
@@ -246,12 +254,12 @@ fn check_graphs(r: &mut CheckReport, cfg: &ModelConfig, models: &[(PathBuf, Pack
         .or_else(|| main.has_graph(&pre_name).then(|| (cfg.hbm.clone(), main)));
     if let Some((path, m)) = holder {
         match m.graph(&pre_name) {
-            Ok(g) => match contract::check_prefill(&g, &dec, &shape) {
+            Ok(g) => match contract::check_quantisation(&g, TEXT_INPUTS, TEXT_OUTPUTS)
+                .and_then(|()| contract::check_prefill(&g, &dec, &shape).map_err(|reason| {
+                    format!("prefill graph `{pre_name}`: {reason} (the runtime would step every row)")
+                })) {
                 Ok(n) => r.prefill_chunk = Some(n),
-                Err(reason) => r.violation(
-                    &path,
-                    format!("graph contract mismatch: prefill graph `{pre_name}`: {reason} (the runtime would step every row)"),
-                ),
+                Err(reason) => r.violation(&path, format!("graph contract mismatch: {reason}")),
             },
             Err(e) => r.violation(&path, e.to_string()),
         }
@@ -279,45 +287,16 @@ fn check_tower(
     m: &PackedModel,
     hidden: usize,
 ) {
-    let Some(name) = m.graph_names().first().cloned() else {
-        r.violation(path, "graph contract mismatch: no graph in the file");
-        return;
+    let g = match tower::graph_name(m) {
+        Ok(name) => m.graph(&name).map_err(|e| e.to_string()),
+        Err(reason) => Err(format!("graph contract mismatch: {reason}")),
     };
-    let g: Graph = match m.graph(&name) {
-        Ok(g) => g,
-        Err(e) => {
-            r.violation(path, e.to_string());
-            return;
-        }
+    let reason = match g {
+        Ok(g) => match tower::check(cfg, &g, hidden) {
+            Ok(_) => return,
+            Err(reason) => format!("graph contract mismatch: {reason}"),
+        },
+        Err(reason) => reason,
     };
-    let (i, o) = (g.inputs(), g.outputs());
-    if i.len() != 1 || o.len() != 1 || i[0].rank() != 2 || o[0].rank() != 2 {
-        r.violation(
-            path,
-            format!("graph contract mismatch: tower `{name}` must have one 2-D input and one 2-D output"),
-        );
-        return;
-    }
-    if o[0].last_dim() != hidden || !matches!(o[0].dtype, DType::F32 | DType::S16) {
-        r.violation(
-            path,
-            format!(
-                "graph contract mismatch: tower output {:?} {:?} is not [n, {hidden}] F32/S16",
-                o[0].shape, o[0].dtype
-            ),
-        );
-    }
-    let v = &cfg.vision;
-    if let Err(e) = vlm::vision::Geometry::from_tower_input(
-        i[0].shape[0],
-        i[0].shape[1],
-        v.patch as usize,
-        v.merge as usize,
-        v.temporal as usize,
-    ) {
-        r.violation(
-            path,
-            format!("graph contract mismatch: tower input {:?}: {e}", i[0].shape),
-        );
-    }
+    r.violation(path, reason);
 }

@@ -1,6 +1,10 @@
 //! Graph checks against the package contract (§3.1 decode I/O, §4.1–§4.2 prefill I/O): the
 //! window `CL` and mask planes come from the mask, `H` from input 0, `ROT` from input 1,
-//! `vocab` from output 0, caches by index with identical input/output layouts.
+//! `vocab` from output 0, caches by index. As tolerant as BLLM where a board may report
+//! otherwise than our simulator: a cache output only has to fit the buffer of its input (a
+//! different layout is a warning naming both). Refused outright: per-axis quantisation (or a
+//! zero point) on a tensor the runtime reads or writes, which one scale would silently get
+//! wrong.
 
 use hbdnn::{DType, Graph, TensorSpec};
 
@@ -89,17 +93,9 @@ pub fn check_decode(g: &Graph) -> Result<DecodeShape, String> {
         ));
     }
     for c in 0..n_cache {
-        let (i, o) = (&ins[FIXED_IN + c], &outs[1 + c]);
-        if i.byte_size != o.byte_size || i.strides != o.strides {
-            return Err(format!(
-                "cache {c}: input {} ({} bytes) and output {} ({} bytes) layouts differ",
-                FIXED_IN + c,
-                i.byte_size,
-                1 + c,
-                o.byte_size
-            ));
-        }
+        cache_output_fits(g.name(), c, &ins[FIXED_IN + c], &outs[1 + c])?;
     }
+    check_quantisation(g, TEXT_INPUTS, TEXT_OUTPUTS)?;
     Ok(DecodeShape {
         hidden,
         rot,
@@ -155,14 +151,24 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, S
     }
     for c in 0..d.n_cache {
         let (pi, di) = (&ins[FIXED_IN + c], &dec.inputs()[FIXED_IN + c]);
-        let po = &outs[1 + c];
-        if pi.byte_size != di.byte_size || pi.strides != di.strides || po.byte_size != di.byte_size
-        {
+        // The decode graph's cache buffers are shared: the same bytes in, outputs that fit.
+        if pi.byte_size != di.byte_size {
             return Err(format!(
                 "cache {c}: {} bytes, decode's is {} bytes",
                 pi.byte_size, di.byte_size
             ));
         }
+        if pi.strides != di.strides {
+            tracing::warn!(
+                graph = p.name(),
+                cache = c,
+                "cache input {} strides {:?} differ from the decode graph's {:?} (same size)",
+                FIXED_IN + c,
+                pi.strides,
+                di.strides
+            );
+        }
+        cache_output_fits(p.name(), c, di, &outs[1 + c])?;
     }
     let out = &outs[0];
     let dout = &dec.outputs()[0];
@@ -183,6 +189,97 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, S
         ));
     }
     Ok(n)
+}
+
+/// Cache `c`'s output is bound to a buffer sized for its input (the ping-pong sets): it only
+/// has to fit. Other strides or sizes than the input's are a warning naming both layouts.
+fn cache_output_fits(graph: &str, c: usize, i: &TensorSpec, o: &TensorSpec) -> Result<(), String> {
+    if o.byte_size > i.byte_size {
+        return Err(format!(
+            "cache {c}: output {} ({:?} strides {:?}) needs {} bytes, more than the {} bytes of \
+             the buffer sized for input {} ({:?} strides {:?})",
+            1 + c,
+            o.shape,
+            o.strides,
+            o.byte_size,
+            i.byte_size,
+            FIXED_IN + c,
+            i.shape,
+            i.strides
+        ));
+    }
+    if i.strides != o.strides || i.byte_size != o.byte_size {
+        tracing::warn!(
+            graph,
+            cache = c,
+            "cache input {} {:?} strides {:?} ({} bytes) and output {} {:?} strides {:?} ({} \
+             bytes) differ; the output fits the input's buffer, so it is bound there",
+            FIXED_IN + c,
+            i.shape,
+            i.strides,
+            i.byte_size,
+            1 + c,
+            o.shape,
+            o.strides,
+            o.byte_size
+        );
+    }
+    Ok(())
+}
+
+/// Inputs of a text graph the runtime writes (x, cos, sin, mask).
+pub const TEXT_INPUTS: &[usize] = &[0, 1, 2, 3];
+/// Outputs of a text graph the runtime reads (logits).
+pub const TEXT_OUTPUTS: &[usize] = &[0];
+
+/// Refuses per-axis quantisation (more than one scale or zero point) and non-zero zero points
+/// on the `inputs` and `outputs` of `g` the runtime reads or writes: it (de)quantises with one
+/// scale per tensor, so such a tensor would silently come out wrong. One scale with any
+/// `quantizeAxis` is one scale for the whole tensor and is accepted (a board may report an
+/// axis of 0 for per-tensor scales).
+pub fn check_quantisation(g: &Graph, inputs: &[usize], outputs: &[usize]) -> Result<(), String> {
+    let sides = [
+        ("input", g.inputs(), inputs),
+        ("output", g.outputs(), outputs),
+    ];
+    for (side, specs, used) in sides {
+        for &i in used {
+            let Some(s) = specs.get(i) else { continue };
+            if let Some(why) = unsupported_quantisation(s) {
+                return Err(format!(
+                    "graph `{}` {side} {i}: {why} is not supported: the runtime (de)quantises \
+                     with one scale per tensor",
+                    g.name()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn unsupported_quantisation(s: &TensorSpec) -> Option<String> {
+    let list = |v: &[f32]| {
+        let shown: Vec<String> = v.iter().take(4).map(|x| format!("{x}")).collect();
+        let more = if v.len() > 4 { ", …" } else { "" };
+        format!("[{}{more}]", shown.join(", "))
+    };
+    if s.scale.len() > 1 || s.zero_point.len() > 1 {
+        return Some(format!(
+            "per-axis quantisation (scaleLen {}, quantizeAxis {}, scales {}, zeroPointLen {})",
+            s.scale.len(),
+            s.quantize_axis,
+            list(&s.scale),
+            s.zero_point.len()
+        ));
+    }
+    match s.zero_point.first() {
+        Some(&zp) if zp != 0 => Some(format!(
+            "a zero point of {zp} (scale {}, quantizeAxis {})",
+            list(&s.scale),
+            s.quantize_axis
+        )),
+        _ => None,
+    }
 }
 
 /// `Some(bytes per window row)` for a window-indexed K/V cache (`dim[0] == CL` and

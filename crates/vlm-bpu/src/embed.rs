@@ -19,7 +19,7 @@ pub struct EmbedTable {
 }
 
 impl EmbedTable {
-    /// Opens the table and checks its size against `vocab × hidden × 2` bytes.
+    /// Opens the table: at least `vocab × hidden × 2` bytes (larger is a warning).
     pub fn open(path: &Path, vocab: usize, hidden: usize) -> Result<Self, BpuError> {
         let err = |reason: String| BpuError::Embed {
             path: path.to_owned(),
@@ -30,11 +30,19 @@ impl EmbedTable {
             .metadata()
             .map_err(|e| err(format!("cannot stat: {e}")))?
             .len();
+        // As BLLM: at least vocab × hidden fp16 values; a longer file is read up to them.
         let want = (vocab * hidden * 2) as u64;
-        if len != want {
+        if len < want {
             return Err(err(format!(
-                "size mismatch: {len} bytes, the graphs need vocab {vocab} × hidden {hidden} × 2 = {want}"
+                "size mismatch: {len} bytes, too small for vocab {vocab} × hidden {hidden} × 2 = {want} (embed table too small)"
             )));
+        }
+        if len > want {
+            tracing::warn!(
+                file = %path.display(),
+                "{len} bytes, larger than vocab {vocab} × hidden {hidden} × 2 = {want}: the \
+                 rows past the vocabulary are ignored"
+            );
         }
         Ok(Self {
             file,

@@ -45,6 +45,15 @@ pub enum BpuError {
         source_desc: String,
         fix: String,
     },
+    /// `--pool-check strict` and the pool could not be identified with certainty.
+    #[error("{}: {what} need {needed} bytes but the ION pool cannot be identified with certainty ({reason}; found: {found}); refusing under --pool-check strict (--pool-check warn loads anyway)", path.display())]
+    PoolUnknown {
+        path: PathBuf,
+        what: String,
+        needed: u64,
+        reason: String,
+        found: String,
+    },
     /// A graph compiled for another BPU architecture.
     #[error("{}: compiled for another BPU: {detail}", path.display())]
     March { path: PathBuf, detail: String },

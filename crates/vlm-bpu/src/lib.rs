@@ -6,7 +6,11 @@
 //! reads, S16 logits dequantised by the output scale, and the §10.2 state snapshots.
 //!
 //! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
-//! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer).
+//! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer, as
+//! [`BpuOptions::pool_check`] says). Where a board may report otherwise than the simulator the
+//! checks are as tolerant as BLLM ([`contract`]: cache outputs that fit; `tower`: any rank ≥ 2,
+//! the graph `visual` else the only one; [`EmbedTable`]: a longer table); per-axis
+//! quantisation on a tensor the runtime reads or writes is refused, never read as `scale[0]`.
 //! A prompt tail shorter than a chunk is stepped row by row, or run as one padded chunk when
 //! the package sets `prefill_pads` ([`BpuOptions::prefill_tail`]; contract §4.4, unconfirmed
 //! on a board): where the pads go is calibrated once per package at open and cached
@@ -54,6 +58,7 @@ pub use embed::EmbedTable;
 pub use error::BpuError;
 pub use lock::EngineLock;
 use logits::LogitsAt;
+pub use pool::PoolCheck;
 pub use source::{open_assistant, ModelSource, OpenError, OpenOptions};
 use step::Io;
 pub use tail::{PrefillTail, TailDecision, TailMode};
@@ -88,6 +93,10 @@ pub struct BpuOptions {
     /// Longest wait for one graph call. A call that takes longer fails the request and
     /// wedges the runtime (the task may still be running; see `hbdnn::Runtime::is_wedged`).
     pub timeout: Duration,
+    /// The ION pool preflight ([`PoolCheck`]; parses `strict`, `warn`, `off`): a pool
+    /// identified and too small is refused unless `Off`; one that cannot be identified is
+    /// refused under `Strict`, warned about under `Warn` (the default).
+    pub pool_check: PoolCheck,
 }
 
 /// Default of [`BpuOptions::timeout`]: the longest graph call of the 4B package is ~0.74 s.
@@ -105,6 +114,7 @@ impl Default for BpuOptions {
             cache_dir: None,
             no_prefill_graph: false,
             timeout: DEFAULT_TIMEOUT,
+            pool_check: PoolCheck::default(),
         }
     }
 }

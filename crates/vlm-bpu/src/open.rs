@@ -15,7 +15,7 @@ use vlm::package::{LoadOptions, ModelConfig};
 use crate::contract::{self, DecodeShape, FIXED_IN};
 use crate::error::load_error;
 use crate::logits::LogitsAt;
-use crate::pool::{self, PoolReading};
+use crate::pool::{self, PoolCheck, PoolReading};
 use crate::step::Io;
 use crate::tail::{TailDecision, TailMode};
 use crate::tower::Tower;
@@ -66,7 +66,8 @@ impl BpuBackend {
         if implementation == Implementation::Sim {
             check_sim_march(&files)?;
         }
-        let (before_load, hbm_bytes) = preflight_files(implementation, &files, &cfg.hbm)?;
+        let (before_load, hbm_bytes) =
+            preflight_files(implementation, &files, &cfg.hbm, opts.pool_check)?;
         let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
         let runtime_info = RuntimeInfo::of(&runtime);
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
@@ -76,7 +77,7 @@ impl BpuBackend {
         let tower = load_tower(&runtime, &cfg)?;
         let axes = rope_axes(&cfg, &text.shape)?;
         let after_load = pool::after_load(implementation, &before_load, hbm_bytes);
-        preflight_buffers(&text, &after_load, &cfg.hbm)?;
+        preflight_buffers(&text, &after_load, &cfg.hbm, opts.pool_check)?;
         let mut me = allocate(
             Loaded {
                 cfg,
@@ -136,8 +137,12 @@ fn preflight_files(
     implementation: Implementation,
     files: &[PathBuf],
     hbm: &Path,
+    mode: PoolCheck,
 ) -> Result<(PoolReading, u64), BpuError> {
     let reading = pool::reading(implementation);
+    if !reading.nodes.is_empty() || reading.available.is_some() {
+        tracing::info!(pool = %reading.source, found = %reading.found(), "ION reserved memory");
+    }
     let mut hbm_bytes = 0u64;
     for f in files {
         let len = std::fs::metadata(f)
@@ -148,7 +153,7 @@ fn preflight_files(
             .len();
         hbm_bytes += pool::load_bytes(implementation, len);
     }
-    pool::check("the .hbm files", hbm_bytes, &reading, hbm)?;
+    pool::check("the .hbm files", hbm_bytes, &reading, hbm, mode)?;
     Ok((reading, hbm_bytes))
 }
 
@@ -194,6 +199,7 @@ fn load_text_graphs(
         source,
     })?;
     let shape = contract::check_decode(&decode).map_err(|r| contract_error(&cfg.hbm, r))?;
+    tracing::info!(file = %cfg.hbm.display(), graph = %cfg.graph, "decode graph");
     let own = match cfg.existing_hbm_prefill() {
         Some(p) if !no_prefill => Some((p.to_owned(), load(runtime, p)?)),
         _ => None,
@@ -237,6 +243,9 @@ fn prefill_graph(
         path: path.clone(),
         source,
     })?;
+    // Wrong numbers, not just slower ones: refused rather than stepped around.
+    contract::check_quantisation(&g, contract::TEXT_INPUTS, contract::TEXT_OUTPUTS)
+        .map_err(|r| contract_error(&path, r))?;
     match contract::check_prefill(&g, decode, shape) {
         Ok(n) => {
             tracing::info!(file = %path.display(), graph = %name, chunk = n, "prefill graph");
@@ -294,7 +303,12 @@ fn rope_axes(cfg: &ModelConfig, shape: &DecodeShape) -> Result<Vec<usize>, BpuEr
 }
 
 /// Second preflight, before any buffer exists: two cache sets plus the graphs' I/O.
-fn preflight_buffers(text: &TextGraphs, pool: &PoolReading, hbm: &Path) -> Result<(), BpuError> {
+fn preflight_buffers(
+    text: &TextGraphs,
+    pool: &PoolReading,
+    hbm: &Path,
+    mode: PoolCheck,
+) -> Result<(), BpuError> {
     let io_bytes = |g: &Graph| -> u64 {
         g.inputs()[..FIXED_IN.min(g.inputs().len())]
             .iter()
@@ -315,6 +329,7 @@ fn preflight_buffers(text: &TextGraphs, pool: &PoolReading, hbm: &Path) -> Resul
         buffers,
         pool,
         hbm,
+        mode,
     )
 }
 

@@ -3,10 +3,13 @@
 //! sizes are compared with the pool before anything is loaded, and again (with the two cache
 //! sets) before any buffer is allocated.
 //!
-//! Board: the carveout size is read from the device tree (`reserved-memory/ion_carveout*/reg`,
-//! big-endian cells, no root needed). The node names are S600 readings not yet confirmed on an
-//! S100P, so when no node can be read the preflight warns and goes on. Simulator: the pool of
-//! the calling thread's instance (`BPU_SIM_POOL_MB`).
+//! Board: every device-tree `reserved-memory` node whose name starts with `ion` is read
+//! (`reg`: big-endian cells, no root needed) and reported. The pool is *identified* when
+//! exactly one of them is an `ion_carveout*` node with a readable size (the S600 layout; the
+//! S100P's is not yet confirmed). What happens then is [`PoolCheck`]'s choice: a pool
+//! identified and too small is refused (`strict`, `warn`); one that cannot be identified is
+//! refused (`strict`) or warned about (`warn`, the default); `off` checks nothing.
+//! Simulator: the pool of the calling thread's instance (`BPU_SIM_POOL_MB`), always exact.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +24,70 @@ pub const DT_DEFAULT: &str = "/sys/firmware/devicetree/base/reserved-memory";
 /// The exact fix for a board pool too small for the published 4B package.
 pub const ION_FIX: &str =
     "sudo /usr/hobot/bin/hb_switch_ion.sh bpu_first && sudo reboot (the 4B package needs bpu_first)";
+
+/// What the ION preflight does ([`BpuOptions::pool_check`](crate::BpuOptions::pool_check),
+/// `--pool-check`, the node's `bpu_pool_check`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum PoolCheck {
+    /// Refuse when the pool is too small, and when it cannot be identified with certainty.
+    Strict,
+    /// Refuse when the pool is identified and too small; when it cannot be identified, warn
+    /// (naming what was found) and load.
+    #[default]
+    Warn,
+    /// No preflight (a load the pool cannot hold still fails with the ION advice).
+    Off,
+}
+
+impl PoolCheck {
+    /// The spelling of flags and parameters.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PoolCheck::Strict => "strict",
+            PoolCheck::Warn => "warn",
+            PoolCheck::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for PoolCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for PoolCheck {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "strict" => Ok(PoolCheck::Strict),
+            "warn" => Ok(PoolCheck::Warn),
+            "off" => Ok(PoolCheck::Off),
+            other => Err(format!("{other:?} is not strict, warn or off")),
+        }
+    }
+}
+
+/// One device-tree `reserved-memory` node whose name starts with `ion`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IonNode {
+    /// The node's name (`ion_carveout@a0000000`).
+    pub name: String,
+    /// Its size from `reg`, or why it could not be read.
+    pub size: Result<u64, String>,
+}
+
+impl std::fmt::Display for IonNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.size {
+            Ok(n) => write!(f, "{} {n} bytes ({:.2} GiB)", self.name, *n as f64 / GIB),
+            Err(e) => write!(f, "{} (size unreadable: {e})", self.name),
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Bytes the board loader is expected to take from the carveout for a `.hbm` of `len` bytes:
 /// the file plus 0.1 % plus 2 MiB (observed on an S600: a 2,463,911,336-byte file asked for
@@ -50,6 +117,20 @@ pub struct PoolReading {
     /// `available: None` because there is no limit (an unlimited simulator pool), not
     /// because the size could not be read: no warning.
     pub unlimited: bool,
+    /// Every `ion*` reserved-memory node seen (board only).
+    pub nodes: Vec<IonNode>,
+}
+
+impl PoolReading {
+    /// What was found, for messages: the `ion*` nodes, or that there were none.
+    pub fn found(&self) -> String {
+        if self.nodes.is_empty() {
+            "no ion* reserved-memory node".to_owned()
+        } else {
+            let nodes: Vec<String> = self.nodes.iter().map(ToString::to_string).collect();
+            nodes.join(", ")
+        }
+    }
 }
 
 /// The pool `implementation` draws from.
@@ -89,6 +170,7 @@ pub fn sim_pool() -> PoolReading {
                 bpu_sim::config::POOL_ENV
             ),
             unlimited: false,
+            nodes: Vec::new(),
         },
         None => PoolReading {
             available: None,
@@ -98,72 +180,112 @@ pub fn sim_pool() -> PoolReading {
             ),
             fix: String::new(),
             unlimited: true,
+            nodes: Vec::new(),
         },
     }
 }
 
-/// The board's `ion_carveout` size from the device tree at `VLM_DT_RESERVED_MEMORY` or
-/// [`DT_DEFAULT`].
+/// The board's pool from the device tree at `VLM_DT_RESERVED_MEMORY` or [`DT_DEFAULT`].
 pub fn board_pool() -> PoolReading {
     let dir = std::env::var_os(DT_ENV)
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from(DT_DEFAULT), PathBuf::from);
-    match carveout_size(&dir) {
-        Ok((node, size)) => PoolReading {
-            available: Some(size),
-            source: format!("{}/reg", node.display()),
-            fix: ION_FIX.to_owned(),
-            unlimited: false,
+    board_pool_at(&dir)
+}
+
+/// The pool described by the `reserved-memory` folder `dir`: identified when exactly one
+/// `ion_carveout*` node with a readable size is there.
+pub fn board_pool_at(dir: &Path) -> PoolReading {
+    let nodes = match ion_nodes(dir) {
+        Ok(n) => n,
+        Err(reason) => {
+            return PoolReading {
+                available: None,
+                source: reason,
+                fix: ION_FIX.to_owned(),
+                unlimited: false,
+                nodes: Vec::new(),
+            }
+        }
+    };
+    let carveouts: Vec<&IonNode> = nodes
+        .iter()
+        .filter(|n| n.name.starts_with("ion_carveout"))
+        .collect();
+    let (available, source) = match carveouts.as_slice() {
+        [one] => match &one.size {
+            Ok(size) => (Some(*size), format!("{}/{}/reg", dir.display(), one.name)),
+            Err(e) => (None, format!("{}: size unreadable: {e}", one.name)),
         },
-        Err(reason) => PoolReading {
-            available: None,
-            source: reason,
-            fix: ION_FIX.to_owned(),
-            unlimited: false,
-        },
+        [] => (None, format!("{}: no ion_carveout node", dir.display())),
+        many => (
+            None,
+            format!(
+                "{}: {} ion_carveout nodes; which one the loader draws from is unknown",
+                dir.display(),
+                many.len()
+            ),
+        ),
+    };
+    PoolReading {
+        available,
+        source,
+        fix: ION_FIX.to_owned(),
+        unlimited: false,
+        nodes,
     }
 }
 
-/// Size of the first `ion_carveout*` node under `dir`: `reg` holds big-endian 32-bit cells,
-/// `[addr_hi addr_lo size_hi size_lo]` (two address and two size cells) or `[addr size]`.
-pub fn carveout_size(dir: &Path) -> Result<(PathBuf, u64), String> {
+/// Every node of `dir` whose name starts with `ion`, sorted by name, with its size.
+pub fn ion_nodes(dir: &Path) -> Result<Vec<IonNode>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let mut nodes: Vec<PathBuf> = entries
+    let mut nodes: Vec<IonNode> = entries
         .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("ion_carveout"))
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            name.starts_with("ion").then(|| IonNode {
+                size: reg_size(&e.path().join("reg")),
+                name,
+            })
         })
         .collect();
-    nodes.sort();
-    let node = nodes
-        .into_iter()
-        .next()
-        .ok_or_else(|| format!("{}: no ion_carveout node", dir.display()))?;
-    let reg = node.join("reg");
-    let bytes = std::fs::read(&reg).map_err(|e| format!("{}: {e}", reg.display()))?;
+    nodes.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(nodes)
+}
+
+/// The size in a `reg` property: big-endian 32-bit cells, `[addr_hi addr_lo size_hi
+/// size_lo]` (two address and two size cells) or `[addr size]`.
+fn reg_size(reg: &Path) -> Result<u64, String> {
+    let bytes = std::fs::read(reg).map_err(|e| format!("{}: {e}", reg.display()))?;
     let cells: Vec<u64> = bytes
         .chunks_exact(4)
         .map(|c| u64::from(u32::from_be_bytes([c[0], c[1], c[2], c[3]])))
         .collect();
-    let size = match (bytes.len() % 4, cells.as_slice()) {
-        (0, [_, _, hi, lo]) => (hi << 32) | lo,
-        (0, [_, size]) => *size,
-        _ => {
-            return Err(format!(
-                "{}: {} bytes is not a [addr size] cell pair",
-                reg.display(),
-                bytes.len()
-            ))
-        }
-    };
-    Ok((node, size))
+    match (bytes.len() % 4, cells.as_slice()) {
+        (0, [_, _, hi, lo]) => Ok((hi << 32) | lo),
+        (0, [_, size]) => Ok(*size),
+        _ => Err(format!(
+            "{}: {} bytes is not a [addr size] cell pair",
+            reg.display(),
+            bytes.len()
+        )),
+    }
 }
 
-/// Refuses when `needed` bytes cannot fit `pool`; warns when the pool is unknown.
-pub fn check(what: &str, needed: u64, pool: &PoolReading, file: &Path) -> Result<(), BpuError> {
+/// The preflight of `needed` bytes against `pool`, as `mode` says: refuses a pool too small
+/// unless `off`; a pool that could not be identified is refused under `strict` and warned
+/// about under `warn`.
+pub fn check(
+    what: &str,
+    needed: u64,
+    pool: &PoolReading,
+    file: &Path,
+    mode: PoolCheck,
+) -> Result<(), BpuError> {
+    if mode == PoolCheck::Off {
+        tracing::debug!(what, needed, "ION pool preflight off");
+        return Ok(());
+    }
     match pool.available {
         Some(avail) if needed > avail => Err(BpuError::Pool {
             path: file.to_owned(),
@@ -178,12 +300,20 @@ pub fn check(what: &str, needed: u64, pool: &PoolReading, file: &Path) -> Result
             Ok(())
         }
         None if pool.unlimited => Ok(()),
+        None if mode == PoolCheck::Strict => Err(BpuError::PoolUnknown {
+            path: file.to_owned(),
+            what: what.to_owned(),
+            needed,
+            reason: pool.source.clone(),
+            found: pool.found(),
+        }),
         None => {
             tracing::warn!(
                 what,
                 needed,
                 reason = %pool.source,
-                "ION pool size unknown: cannot check that the package fits before loading it"
+                found = %pool.found(),
+                "ION pool not identified with certainty: loading without the preflight (--pool-check strict refuses instead)"
             );
             Ok(())
         }
@@ -195,22 +325,125 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    fn node(dir: &Path, name: &str, cells: Option<&[u32]>) {
+        let n = dir.join(name);
+        std::fs::create_dir(&n).unwrap();
+        if let Some(c) = cells {
+            let bytes: Vec<u8> = c.iter().flat_map(|c| c.to_be_bytes()).collect();
+            std::fs::write(n.join("reg"), bytes).unwrap();
+        }
+    }
+
     #[test]
-    fn carveout_reg_cells_are_read_big_endian() {
+    fn every_ion_node_is_read_and_one_carveout_identifies_the_pool() {
         let d = tempfile::tempdir().unwrap();
-        let node = d.path().join("ion_carveout@a0000000");
-        std::fs::create_dir(&node).unwrap();
-        std::fs::create_dir(d.path().join("ion_reserved@80000000")).unwrap();
         // 0x1_0000_0000 + 0x2000_0000 = 4.5 GiB.
-        let cells = [0u32, 0xa000_0000, 1, 0x2000_0000];
-        let bytes: Vec<u8> = cells.iter().flat_map(|c| c.to_be_bytes()).collect();
-        std::fs::write(node.join("reg"), bytes).unwrap();
-        let (n, size) = carveout_size(d.path()).unwrap();
-        assert_eq!(n, node);
-        assert_eq!(size, (1 << 32) + 0x2000_0000);
-        std::fs::write(node.join("reg"), [0u8; 6]).unwrap();
-        assert!(carveout_size(d.path()).unwrap_err().contains("reg"));
-        assert!(carveout_size(&d.path().join("nope")).is_err());
+        node(
+            d.path(),
+            "ion_carveout@a0000000",
+            Some(&[0, 0xa000_0000, 1, 0x2000_0000]),
+        );
+        node(
+            d.path(),
+            "ion_reserved@80000000",
+            Some(&[0x8000_0000, 0x4000_0000]),
+        );
+        node(d.path(), "ion_cma@70000000", None);
+        node(d.path(), "bpu_region@60000000", Some(&[0, 1]));
+        let r = board_pool_at(d.path());
+        assert_eq!(r.available, Some((1 << 32) + 0x2000_0000));
+        assert!(
+            r.source.ends_with("ion_carveout@a0000000/reg"),
+            "{}",
+            r.source
+        );
+        let names: Vec<&str> = r.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "ion_carveout@a0000000",
+                "ion_cma@70000000",
+                "ion_reserved@80000000"
+            ]
+        );
+        assert_eq!(r.nodes[2].size, Ok(0x4000_0000));
+        let found = r.found();
+        assert!(
+            found.contains("ion_reserved@80000000 1073741824 bytes (1.00 GiB)"),
+            "{found}"
+        );
+        assert!(
+            found.contains("ion_cma@70000000 (size unreadable"),
+            "{found}"
+        );
+    }
+
+    #[test]
+    fn a_pool_not_identified_with_certainty_says_what_was_found() {
+        let d = tempfile::tempdir().unwrap();
+        node(
+            d.path(),
+            "ion_reserved@80000000",
+            Some(&[0x8000_0000, 0x4000_0000]),
+        );
+        let r = board_pool_at(d.path());
+        assert_eq!(r.available, None);
+        assert!(r.source.contains("no ion_carveout node"), "{}", r.source);
+        assert!(r.found().contains("ion_reserved@80000000"));
+        node(d.path(), "ion_carveout@a0000000", Some(&[0, 0x1000]));
+        node(d.path(), "ion_carveout@b0000000", Some(&[0, 0x2000]));
+        let r = board_pool_at(d.path());
+        assert_eq!(r.available, None);
+        assert!(r.source.contains("2 ion_carveout nodes"), "{}", r.source);
+        let bad = tempfile::tempdir().unwrap();
+        node(bad.path(), "ion_carveout@a0000000", None);
+        std::fs::write(bad.path().join("ion_carveout@a0000000/reg"), [0u8; 6]).unwrap();
+        let r = board_pool_at(bad.path());
+        assert_eq!(r.available, None);
+        assert!(
+            r.source.contains("not a [addr size] cell pair"),
+            "{}",
+            r.source
+        );
+        let r = board_pool_at(&d.path().join("nope"));
+        assert!(r.available.is_none() && r.nodes.is_empty());
+    }
+
+    #[test]
+    fn the_three_modes() {
+        let f = Path::new("model.hbm");
+        let known = PoolReading {
+            available: Some(100),
+            source: "test".into(),
+            fix: ION_FIX.into(),
+            unlimited: false,
+            nodes: Vec::new(),
+        };
+        let unknown = PoolReading {
+            available: None,
+            ..known.clone()
+        };
+        for mode in [PoolCheck::Strict, PoolCheck::Warn] {
+            assert!(matches!(
+                check("x", 101, &known, f, mode),
+                Err(BpuError::Pool { .. })
+            ));
+            assert!(check("x", 100, &known, f, mode).is_ok());
+        }
+        assert!(check("x", 101, &known, f, PoolCheck::Off).is_ok());
+        assert!(check("x", 101, &unknown, f, PoolCheck::Warn).is_ok());
+        assert!(check("x", 101, &unknown, f, PoolCheck::Off).is_ok());
+        let e = check("x", 101, &unknown, f, PoolCheck::Strict).unwrap_err();
+        let msg = e.to_string();
+        assert!(
+            msg.contains("cannot be identified") && msg.contains("--pool-check warn"),
+            "{msg}"
+        );
+        assert_eq!(PoolCheck::default(), PoolCheck::Warn);
+        for m in [PoolCheck::Strict, PoolCheck::Warn, PoolCheck::Off] {
+            assert_eq!(m.as_str().parse::<PoolCheck>(), Ok(m));
+        }
+        assert!("loose".parse::<PoolCheck>().is_err());
     }
 
     #[test]

@@ -1,17 +1,20 @@
-//! The vision tower: one graph, patchified pixels `[n_patch, row_len]` in, merged image
-//! embeddings `[n, hidden]` (F32, or S16 with an output scale) out. Its input shape fixes
-//! the image geometry the preprocessor must produce.
+//! The vision tower: one graph, patchified pixels `[n_patch, row_len]` F32 in, merged image
+//! embeddings `[n, hidden]` (F32, or S16 with a positive output scale) out. Its input shape
+//! fixes the image geometry the preprocessor must produce.
+//!
+//! As tolerant as BLLM: the graph named `visual` in the tower file, else its only graph;
+//! input and output of any rank ≥ 2, read by their last two dims (leading dims must be 1).
 
 use std::path::Path;
 
-use hbdnn::{DType, DeviceBuffer, Graph, PackedModel, Sched};
+use hbdnn::{DType, DeviceBuffer, Graph, PackedModel, Sched, TensorSpec};
 
 use vlm::engine::{EngineError, VisionSpec};
 use vlm::package::ModelConfig;
 use vlm::vision::{Geometry, PixelValues};
 
 use crate::error::device;
-use crate::BpuError;
+use crate::{contract, BpuError};
 
 /// The vision tower graph and its buffers.
 pub(crate) struct Tower {
@@ -21,8 +24,81 @@ pub(crate) struct Tower {
     pub(crate) spec: VisionSpec,
 }
 
+/// The tower graph of `m`: the one named `visual`, else the only one, else an error naming
+/// the graphs found.
+pub(crate) fn graph_name(m: &PackedModel) -> Result<String, String> {
+    let names = m.graph_names();
+    if names.iter().any(|n| n == "visual") {
+        return Ok("visual".into());
+    }
+    match names {
+        [one] => Ok(one.clone()),
+        [] => Err("no graph in the file".into()),
+        many => Err(format!(
+            "no graph `visual` and {} others to choose from: {many:?}",
+            many.len()
+        )),
+    }
+}
+
+/// `[rows, len]`: the last two dims of a tensor whose other dims are all 1.
+fn last_two(s: &TensorSpec) -> Option<(usize, usize)> {
+    let r = s.rank();
+    (r >= 2 && s.shape[..r - 2].iter().all(|&d| d == 1)).then(|| (s.shape[r - 2], s.shape[r - 1]))
+}
+
+/// Checks the tower graph `g` against the contract (§6) and returns the image geometry its
+/// input fixes.
+pub(crate) fn check(cfg: &ModelConfig, g: &Graph, hidden: usize) -> Result<Geometry, String> {
+    let name = g.name();
+    let (i, o) = (g.inputs(), g.outputs());
+    if i.len() != 1 || o.len() != 1 {
+        return Err(format!(
+            "tower `{name}` has {} inputs and {} outputs; the contract has one of each",
+            i.len(),
+            o.len()
+        ));
+    }
+    let (Some((n_patch, row_len)), Some((_, out_len))) = (last_two(&i[0]), last_two(&o[0])) else {
+        return Err(format!(
+            "tower `{name}` input {:?} / output {:?}: each must be [n, len] with any leading \
+             dims 1",
+            i[0].shape, o[0].shape
+        ));
+    };
+    if i[0].dtype != DType::F32 {
+        return Err(format!(
+            "tower `{name}` input 0 is {:?}; it must be F32 (pixel values are written as f32)",
+            i[0].dtype
+        ));
+    }
+    if out_len != hidden || !matches!(o[0].dtype, DType::F32 | DType::S16) {
+        return Err(format!(
+            "tower output {:?} {:?} is not [n, {hidden}] F32/S16",
+            o[0].shape, o[0].dtype
+        ));
+    }
+    if o[0].dtype == DType::S16 && !o[0].scale.first().is_some_and(|&s| s > 0.0) {
+        return Err(format!(
+            "tower `{name}` output 0 is S16 without a positive scale ({:?})",
+            o[0].scale
+        ));
+    }
+    contract::check_quantisation(g, &[0], &[0])?;
+    let v = &cfg.vision;
+    Geometry::from_tower_input(
+        n_patch,
+        row_len,
+        v.patch as usize,
+        v.merge as usize,
+        v.temporal as usize,
+    )
+    .map_err(|e| format!("tower input {:?}: {e}", i[0].shape))
+}
+
 impl Tower {
-    /// Checks the first graph of `m` (the tower file at `path`) and allocates its buffers.
+    /// Finds and checks the tower graph of `m` (the tower file at `path`) and allocates its
+    /// buffers.
     pub(crate) fn open(
         cfg: &ModelConfig,
         path: &Path,
@@ -33,39 +109,17 @@ impl Tower {
             path: path.to_owned(),
             reason,
         };
-        let name = m
-            .graph_names()
-            .first()
-            .cloned()
-            .ok_or_else(|| contract("no graph in the file".into()))?;
+        let name = graph_name(m).map_err(contract)?;
         let hb = |source| BpuError::Hbdnn {
             path: path.to_owned(),
             source,
         };
         let graph = m.graph(&name).map_err(hb)?;
-        let (i, o) = (graph.inputs(), graph.outputs());
-        if i.len() != 1 || o.len() != 1 || i[0].rank() != 2 || o[0].rank() != 2 {
-            return Err(contract(format!(
-                "tower `{name}` must have one 2-D input and one 2-D output"
-            )));
-        }
-        if o[0].last_dim() != hidden || !matches!(o[0].dtype, DType::F32 | DType::S16) {
-            return Err(contract(format!(
-                "tower output {:?} {:?} is not [n, {hidden}] F32/S16",
-                o[0].shape, o[0].dtype
-            )));
-        }
-        let v = &cfg.vision;
-        let geometry = Geometry::from_tower_input(
-            i[0].shape[0],
-            i[0].shape[1],
-            v.patch as usize,
-            v.merge as usize,
-            v.temporal as usize,
-        )
-        .map_err(|e| contract(format!("tower input {:?}: {e}", i[0].shape)))?;
+        let geometry = check(cfg, &graph, hidden).map_err(contract)?;
+        tracing::info!(file = %path.display(), graph = %name, "vision tower graph");
         let input = graph.alloc_input(0).map_err(hb)?;
         let output = graph.alloc_output(0).map_err(hb)?;
+        let v = &cfg.vision;
         Ok(Self {
             spec: VisionSpec {
                 geometry,
@@ -85,10 +139,10 @@ impl Tower {
         sched: &Sched,
     ) -> Result<Vec<f32>, EngineError> {
         let ispec = &self.graph.inputs()[0];
-        if pixels.rows != ispec.shape[0] || pixels.row_len != ispec.shape[1] {
+        if pixels.rows != ispec.rows() || pixels.row_len != ispec.last_dim() {
             return Err(EngineError::Shape {
                 what: "tower input [n_patch, row_len]",
-                expected: ispec.shape[0] * ispec.shape[1],
+                expected: ispec.rows() * ispec.last_dim(),
                 found: pixels.rows * pixels.row_len,
             });
         }

@@ -9,6 +9,11 @@ pub struct BpuFlags {
     /// an error naming the graph; the process must then exit (the task may still be running).
     #[arg(long, value_name = "SECONDS", default_value_t = vlm_bpu::DEFAULT_TIMEOUT.as_secs_f64(), value_parser = parse_timeout)]
     pub bpu_timeout_s: f64,
+    /// ION pool preflight: `strict` refuses when the pool is too small or cannot be
+    /// identified with certainty; `warn` refuses only a pool identified and too small, and
+    /// warns when it cannot be identified; `off` checks nothing.
+    #[arg(long, value_name = "strict|warn|off", default_value_t = vlm_bpu::PoolCheck::Warn)]
+    pub pool_check: vlm_bpu::PoolCheck,
     /// How a prompt tail shorter than a prefill chunk runs: `auto` pads it when the package
     /// sets `prefill_pads`, with the pad layout calibrated once per package (cached in
     /// $VLM_BPU_CACHE_DIR, else $XDG_CACHE_HOME/bpu_vlm or ~/.cache/bpu_vlm), and steps it
@@ -53,6 +58,7 @@ impl BpuFlags {
     pub fn apply(&self, opts: &mut BpuOptions) {
         opts.timeout =
             vlm_bpu::timeout_from_secs(self.bpu_timeout_s).unwrap_or(vlm_bpu::DEFAULT_TIMEOUT);
+        opts.pool_check = self.pool_check;
         opts.prefill_tail = if self.pad_tail {
             vlm_bpu::PrefillTail::Auto
         } else {

@@ -41,8 +41,13 @@ fn tensor(t: &TensorSpec) -> String {
         "{:?} {:?} strides {:?} ({} bytes)",
         t.shape, t.dtype, t.strides, t.byte_size
     );
-    if !t.scale.is_empty() {
-        s.push_str(&format!(" scale {}", t.scale0()));
+    match t.scale.len() {
+        0 => {}
+        1 => s.push_str(&format!(" scale {}", t.scale0())),
+        n => s.push_str(&format!(
+            " per-axis scales: scaleLen {n} quantizeAxis {}",
+            t.quantize_axis
+        )),
     }
     s
 }
@@ -98,6 +103,9 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
             Some(a) => writeln!(out, "ION pool: {a} bytes free ({})", p.source)?,
             None if p.unlimited => writeln!(out, "ION pool: {}", p.source)?,
             None => writeln!(out, "ION pool: unknown, not checked ({})", p.source)?,
+        }
+        if !p.nodes.is_empty() || (p.available.is_none() && !p.unlimited) {
+            writeln!(out, "reserved memory: {}", p.found())?;
         }
     }
     for g in &r.graphs {
