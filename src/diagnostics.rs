@@ -4,7 +4,7 @@
 //! frame has arrived for a while, naming the usual causes.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use camera_frame::CameraCache;
@@ -19,8 +19,23 @@ use crate::worker::{SharedStats, WorkerState};
 
 pub const TOPIC: &str = "/diagnostics";
 
-/// Name of the status entry (an interface name: monitors match it).
-pub const STATUS_NAME: &str = "vlm_node: engine";
+/// Name of the status entry after the node's full name (an interface name: monitors match
+/// it). `/diagnostics` is global by convention, so the full name tells two robots apart.
+pub const STATUS_SUFFIX: &str = ": engine";
+
+/// The node's full name, set once when the node exists (a process runs one node).
+static NODE_FULL_NAME: OnceLock<String> = OnceLock::new();
+
+/// Records the node's full name (`/robot1/vlm_node`) for the status entry; the first call wins.
+pub fn set_node_name(full_name: &str) {
+    let _ = NODE_FULL_NAME.set(full_name.to_owned());
+}
+
+/// The status entry's name, e.g. `/robot1/vlm_node: engine`.
+pub fn status_name() -> String {
+    let node = NODE_FULL_NAME.get().map_or("/vlm_node", String::as_str);
+    format!("{node}{STATUS_SUFFIX}")
+}
 
 /// A camera topic silent this long (with publishers) is warned about.
 pub const SILENT_CAMERA: Duration = Duration::from_secs(3);
@@ -97,7 +112,7 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
     }
     DiagnosticStatus {
         level,
-        name: STATUS_NAME.to_owned(),
+        name: status_name(),
         message,
         hardware_id: s
             .model

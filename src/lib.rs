@@ -36,6 +36,7 @@ pub mod outcome;
 pub mod panics;
 pub mod params;
 pub mod registry;
+pub mod ros_names;
 pub mod ros_text;
 pub mod rosout;
 pub mod sessions;

@@ -33,6 +33,7 @@ use crate::msgs::srv::{Ask, Cancel};
 use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
 use crate::params::{BackendChoice, Params};
 use crate::registry::Registry;
+use crate::ros_names;
 use crate::rosout::RosoutTarget;
 use crate::worker::{self, Outputs, SharedStats, WorkerConfig, WorkerStats};
 
@@ -201,7 +202,27 @@ pub async fn run(
         r2r::Node::create(ctx, NODE_NAME, ""),
     )?;
     rosout.attach(node.logger());
+    let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
+    diagnostics::set_node_name(&ros_names::full_name(&namespace, NODE_NAME));
     let params = read_params(&mut node)?;
+    let sim_time = {
+        let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
+        crate::clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
+    };
+    // Subscribed before anything is published, so no stamp mixes the two clocks.
+    let sim_clock = if sim_time {
+        crate::clock::enable_sim_time();
+        Some(ros(
+            || format!("subscribe to {}", crate::clock::CLOCK_TOPIC),
+            node.subscribe::<r2r::rosgraph_msgs::msg::Clock>(
+                crate::clock::CLOCK_TOPIC,
+                QosProfile::default().best_effort().keep_last(1),
+            ),
+        )?)
+    } else {
+        None
+    };
+    tracing::info!(sim_time, "stamps come from the node's ROS time");
     let diagnostics_period = params.diagnostics_period()?;
     let session_idle = params.session_idle()?;
     tracing::info!(?params, "parameters");
@@ -230,15 +251,24 @@ pub async fn run(
     )?;
 
     let mut tasks = Vec::new();
+    if let Some(c) = sim_clock {
+        tasks.push(tokio::spawn(crate::clock::follow(c)));
+    }
     let cameras = if params.vision {
-        let cache = Arc::new(CameraCache::new(
+        // The cache lists each camera by its resolved name (what `image_source` reports); the
+        // configured names stay valid for a request's `camera`.
+        let resolved = |t: &str| ros_names::expand(t, &namespace, NODE_NAME);
+        let configured = cameras::topics(&params);
+        let cache = CameraCache::new(
             CacheConfig {
-                topics: cameras::topics(&params),
-                default_camera: params.default_camera(),
+                topics: configured.iter().map(|t| resolved(t)).collect(),
+                default_camera: params.default_camera().map(|t| resolved(&t)),
                 warn_interval: Duration::from_secs(5),
             },
             Instant::now(),
-        )?);
+        )?
+        .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?;
+        let cache = Arc::new(cache);
         let qos = cameras::camera_qos(params.camera_qos);
         for t in &params.image_topics {
             let s = ros(
@@ -246,7 +276,7 @@ pub async fn run(
                 node.subscribe::<r2r::sensor_msgs::msg::Image>(t, qos.clone()),
             )?;
             tasks.push(tokio::spawn(cameras::drain(
-                t.clone(),
+                resolved(t),
                 s.map(CameraMsg::Raw),
                 cache.clone(),
             )));
@@ -257,7 +287,7 @@ pub async fn run(
                 node.subscribe::<r2r::sensor_msgs::msg::CompressedImage>(t, qos.clone()),
             )?;
             tasks.push(tokio::spawn(cameras::drain(
-                t.clone(),
+                resolved(t),
                 s.map(CameraMsg::Compressed),
                 cache.clone(),
             )));

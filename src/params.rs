@@ -29,7 +29,7 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model)." },
     Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35." },
     Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened)." },
-    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["/image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored." },
+    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored. Relative names resolve in the node's namespace." },
     Spec { name: "compressed_image_topics", default: || ParameterValue::StringArray(vec![String::new()]), description: "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list)." },
     Spec { name: "default_camera", default: || s(""), description: "Camera used when an ask names none; empty = the first image topic (else the first compressed one)." },
     Spec { name: "camera_qos", default: || s("sensor_data"), description: "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`." },
@@ -563,9 +563,9 @@ mod tests {
     #[test]
     fn defaults_are_valid_and_listed_once() {
         let p = Params::from_values(&HashMap::new()).unwrap();
-        assert_eq!(p.image_topics, vec!["/image_raw".to_owned()]);
+        assert_eq!(p.image_topics, vec!["image_raw".to_owned()]);
         assert!(p.compressed_image_topics.is_empty());
-        assert_eq!(p.default_camera().as_deref(), Some("/image_raw"));
+        assert_eq!(p.default_camera().as_deref(), Some("image_raw"));
         assert!(!p.enable_thinking);
         let names: Vec<_> = p.effective().iter().map(|(n, _)| *n).collect();
         let specs: Vec<_> = SPECS.iter().map(|s| s.name).collect();

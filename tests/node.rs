@@ -58,8 +58,19 @@ fn start_node(
     params: &[(&str, &str)],
     env: &[(&str, String)],
 ) -> anyhow::Result<NodeProc> {
+    start_node_with(domain, &[], params, env)
+}
+
+/// [`start_node`] with more `--ros-args` (e.g. `-r __ns:=/robot1`) before the parameters.
+fn start_node_with(
+    domain: &str,
+    ros_args: &[&str],
+    params: &[(&str, &str)],
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
     cmd.arg("--ros-args")
+        .args(ros_args)
         .arg("--params-file")
         .arg(repo_root().join("launch/vlm_params.yaml"));
     let cache = cache_dir().display().to_string();
@@ -420,6 +431,155 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
     refused("no_image", &e["no_image"], "no_image");
     refused("stale_image", &e["stale_image"], "stale_image");
     assert_eq!(ok("after errors", &rep["after_errors"]), camera);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    // Default (relative) names: only the namespace moves them.
+    let node = start_node_with(&d, &["-r", "__ns:=/robot1"], &[], &env)?;
+    let max_new = MAX_NEW.to_string();
+    let peer = spawn_python(
+        "tests/peers/node_peer.py",
+        &[
+            "namespace",
+            "--max-new-tokens",
+            &max_new,
+            "--ask",
+            "/robot1/ask",
+            "--cancel",
+            "/robot1/vlm/cancel",
+            "--tokens",
+            "/robot1/vlm/tokens",
+            "--answers",
+            "/robot1/vlm/answers",
+            "--camera",
+            "/robot1/image_raw",
+            "--status-name",
+            "/robot1/vlm_node: engine",
+            "--node-ns",
+            "/robot1",
+        ],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(180)).await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+
+    // Tokens and the Answer arrived under /robot1/vlm/ (ok checks both), from the camera on
+    // /robot1/image_raw, whichever way the request names it.
+    let sent: Vec<[i64; 2]> = serde_json::from_value(rep["camera_sent"].clone())?;
+    let mut answers = Vec::new();
+    for case in ["default", "configured", "resolved"] {
+        answers.push(ok(case, &rep[case]));
+        let r = &rep[case]["response"];
+        assert_eq!(r["image_source"], "/robot1/image_raw", "{case}");
+        let got = [
+            r["image_stamp"]["sec"].as_i64().unwrap(),
+            r["image_stamp"]["nanosec"].as_i64().unwrap(),
+        ];
+        assert!(sent.contains(&got), "{case}: stamp {got:?} not in {sent:?}");
+        check_image_header(case, &rep[case], "robot1_cam", got);
+    }
+    assert!(answers.windows(2).all(|w| w[0] == w[1]), "{answers:?}");
+    // The diagnostics entry carries the node's full name (the peer matched it exactly).
+    assert_eq!(
+        rep["diagnostics"]["state"], "ready",
+        "{}",
+        rep["diagnostics"]
+    );
+
+    let names = |k: &str| -> Vec<String> { serde_json::from_value(rep[k].clone()).unwrap() };
+    let (topics, services) = (names("node_topics"), names("node_services"));
+    for want in [
+        "/robot1/vlm/tokens",
+        "/robot1/vlm/answers",
+        "/robot1/image_raw",
+    ] {
+        assert!(topics.iter().any(|t| t == want), "{want} not in {topics:?}");
+    }
+    for want in ["/robot1/ask", "/robot1/vlm/cancel"] {
+        assert!(
+            services.iter().any(|s| s == want),
+            "{want} not in {services:?}"
+        );
+    }
+    // Only the conventional global topics stay outside the namespace.
+    let global = ["/diagnostics", "/rosout", "/parameter_events"];
+    for name in topics.iter().chain(&services) {
+        assert!(
+            name.starts_with("/robot1/") || global.contains(&name.as_str()),
+            "{name} is outside /robot1"
+        );
+    }
+    for gone in [
+        "/ask",
+        "/vlm/cancel",
+        "/vlm/tokens",
+        "/vlm/answers",
+        "/image_raw",
+    ] {
+        assert!(
+            !names("all_topics").iter().any(|t| t == gone)
+                && !names("all_services").iter().any(|s| s == gone),
+            "{gone} is offered in the root namespace"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_stamps_follow_sim_time() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    let node = start_node(
+        &d,
+        &[("use_sim_time", "true"), ("diagnostics_period_s", "0.2")],
+        &env,
+    )?;
+    let peer = spawn_python(
+        "tests/peers/node_peer.py",
+        &["sim_time", "--max-new-tokens", &MAX_NEW.to_string()],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(180)).await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+    ok("sim time", &rep["ask"]);
+    let pair = |v: &Value| [v[0].as_i64().unwrap(), v[1].as_i64().unwrap()];
+    let stamp = |t: &Value| [t["sec"].as_i64().unwrap(), t["nanosec"].as_i64().unwrap()];
+    let (first, last) = (pair(&rep["clock_first"]), pair(&rep["clock_last"]));
+    // Sim time runs from 5000 s; wall time is ~1.8e9 s, so each stamp tells its clock.
+    let in_sim = |what: &str, s: [i64; 2]| {
+        assert!(
+            first <= s && s <= last,
+            "{what} {s:?} not in [{first:?}, {last:?}]"
+        );
+    };
+    let mut prev = first;
+    for t in rep["ask"]["tokens"].as_array().unwrap() {
+        let s = stamp(&t["header"]["stamp"]);
+        in_sim("Token", s);
+        assert!(prev <= s, "Token stamps go back: {prev:?} then {s:?}");
+        prev = s;
+    }
+    let answer = stamp(&rep["ask"]["answer"]["header"]["stamp"]);
+    in_sim("Answer", answer);
+    assert!(
+        prev <= answer,
+        "the Answer is stamped before the last Token"
+    );
+    in_sim("diagnostics", pair(&rep["diag_stamp"]));
     Ok(())
 }
 

@@ -164,6 +164,7 @@ class Peer:
         self.tokens = {}
         self.answers = {}
         self.diagnostics = []
+        self.diag_stamps = []
         qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=4096,
                          reliability=ReliabilityPolicy.RELIABLE)
         self.node.create_subscription(Token, args.tokens, self.on_token, qos)
@@ -188,8 +189,9 @@ class Peer:
 
     def on_diag(self, d):
         with self.lock:
+            self.diag_stamps.append([d.header.stamp.sec, d.header.stamp.nanosec])
             for s in d.status:
-                if s.name == 'vlm_node: engine':
+                if s.name == self.args.status_name:
                     self.diagnostics.append({kv.key: kv.value for kv in s.values})
 
     def last_diag(self):
@@ -437,6 +439,62 @@ def mode_text(p, a):
     return {'text': p.greedy('cpu-1', a.prompt, camera='none')}
 
 
+def mode_namespace(p, a):
+    """The node under a namespace, with its default (relative) names: a camera on the
+    namespaced image_raw, named as configured and fully resolved; the graph as the node
+    offers it."""
+    p.wait_ask()
+    rep = {}
+    rep['camera_sent'] = p.publish_frames(
+        a.camera, with_header(rgb8(load_rgb('scene_a.png')), 'robot1_cam', 0, 0))
+    rep['default'] = p.greedy('ns-1', a.prompt)
+    rep['configured'] = p.greedy('ns-2', a.prompt, camera='image_raw')
+    rep['resolved'] = p.greedy('ns-3', a.prompt, camera=a.camera)
+    while not p.last_diag() and time.monotonic() < p.deadline:
+        time.sleep(0.05)
+    rep['diagnostics'] = p.last_diag()
+    ns, name = a.node_ns, 'vlm_node'
+    rep['node_topics'] = sorted(
+        {t for t, _ in p.node.get_publisher_names_and_types_by_node(name, ns)}
+        | {t for t, _ in p.node.get_subscriber_names_and_types_by_node(name, ns)})
+    rep['node_services'] = sorted(
+        s for s, _ in p.node.get_service_names_and_types_by_node(name, ns))
+    rep['all_topics'] = sorted(t for t, _ in p.node.get_topic_names_and_types())
+    rep['all_services'] = sorted(s for s, _ in p.node.get_service_names_and_types())
+    return rep
+
+
+def mode_sim_time(p, a):
+    """A /clock publisher far from wall time (a replayed bag): the node's stamps follow it."""
+    from rosgraph_msgs.msg import Clock
+    pub = p.node.create_publisher(Clock, '/clock', 10)
+    sent = []
+    stop = threading.Event()
+
+    def tick():
+        k = 0
+        while not stop.is_set():
+            c = Clock()
+            c.clock.sec, c.clock.nanosec = 5000 + k // 100, (k % 100) * 10_000_000
+            pub.publish(c)
+            sent.append([c.clock.sec, c.clock.nanosec])
+            k += 1
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    p.wait_ask()
+    time.sleep(0.3)  # the node has seen /clock before the ask
+    rep = {'ask': p.greedy('sim-1', a.prompt, camera='none')}
+    time.sleep(3 * a.diag_period + 0.3)
+    with p.lock:
+        rep['diag_stamp'] = p.diag_stamps[-1] if p.diag_stamps else None
+    stop.set()
+    ticker.join()
+    rep['clock_first'], rep['clock_last'] = sent[0], sent[-1]
+    return rep
+
+
 def mode_sigterm(p, a):
     p.wait_ask()
     req, fut = p.ask_async(request_id='sig-1', prompt=a.prompt, camera='none', temperature=0.0,
@@ -452,11 +510,14 @@ def mode_sigterm(p, a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm', 'text'])
+    ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm', 'text',
+                                     'namespace', 'sim_time'])
     ap.add_argument('--ask', default='/ask')
     ap.add_argument('--cancel', default='/vlm/cancel')
     ap.add_argument('--tokens', default='/vlm/tokens')
     ap.add_argument('--answers', default='/vlm/answers')
+    ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap.add_argument('--node-ns', default='/')
     ap.add_argument('--camera', default='/cam')
     ap.add_argument('--compressed-camera', default='/cam_compressed')
     ap.add_argument('--silent-camera', default='/cam_silent')
@@ -475,7 +536,8 @@ def main():
     p = Peer(a)
     try:
         rep = {'answers': mode_answers, 'queue': mode_queue, 'soak': mode_soak,
-               'sigterm': mode_sigterm, 'text': mode_text}[a.mode](p, a)
+               'sigterm': mode_sigterm, 'text': mode_text,
+               'namespace': mode_namespace, 'sim_time': mode_sim_time}[a.mode](p, a)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

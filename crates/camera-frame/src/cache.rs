@@ -78,6 +78,8 @@ pub enum CacheConfigError {
     DuplicateTopic { topic: String },
     #[error("default_camera {name:?} is not one of the camera topics")]
     UnknownDefault { name: String },
+    #[error("camera name {alias:?} stands for {topic:?}, which is not one of the camera topics")]
+    UnknownAliasTarget { alias: String, topic: String },
 }
 
 /// Why no frame could be picked for an ask.
@@ -156,6 +158,8 @@ struct Slot {
 pub struct CameraCache {
     order: Vec<Arc<str>>,
     slots: HashMap<Arc<str>, Mutex<Slot>>,
+    /// Other names of configured topics (a relative name as configured → the resolved one).
+    aliases: HashMap<String, Arc<str>>,
     default_camera: Option<Arc<str>>,
     warn_interval: Duration,
 }
@@ -193,6 +197,7 @@ impl CameraCache {
         let mut cache = Self {
             order,
             slots,
+            aliases: HashMap::new(),
             default_camera: None,
             warn_interval: config.warn_interval,
         };
@@ -207,6 +212,21 @@ impl CameraCache {
         Ok(cache)
     }
 
+    /// Lets each `(alias, topic)` name a configured topic too, as a request may name a camera
+    /// by its configured (relative) name while the cache lists it by its resolved name.
+    pub fn with_aliases(
+        mut self,
+        aliases: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, CacheConfigError> {
+        for (alias, topic) in aliases {
+            let Some((key, _)) = self.slots.get_key_value(topic.as_str()) else {
+                return Err(CacheConfigError::UnknownAliasTarget { alias, topic });
+            };
+            self.aliases.insert(alias, key.clone());
+        }
+        Ok(self)
+    }
+
     /// The configured topics, in configuration order.
     pub fn topics(&self) -> impl Iterator<Item = &str> {
         self.order.iter().map(|t| &**t)
@@ -217,10 +237,13 @@ impl CameraCache {
         self.default_camera.as_deref()
     }
 
-    /// The configured topic a camera name refers to: the exact name, or the name with a
-    /// leading `/` added (`image_raw` → `/image_raw`).
+    /// The configured topic a camera name refers to: the exact name, an alias, or the name
+    /// with a leading `/` added (`image_raw` → `/image_raw`).
     pub fn resolve(&self, name: &str) -> Option<Arc<str>> {
         if let Some((k, _)) = self.slots.get_key_value(name) {
+            return Some(k.clone());
+        }
+        if let Some(k) = self.aliases.get(name) {
             return Some(k.clone());
         }
         if name.starts_with('/') {
@@ -460,6 +483,45 @@ mod tests {
         c.record("/image_raw", Ok(frame(3)), Stamp::default(), t0 + S(3))
             .unwrap();
         assert_eq!(&*c.latest("/image_raw").unwrap().frame_id, "");
+    }
+
+    #[test]
+    fn aliases_name_resolved_topics() {
+        let t0 = Instant::now();
+        let c = CameraCache::new(
+            CacheConfig {
+                topics: vec!["/robot1/image_raw".into()],
+                default_camera: None,
+                warn_interval: S(1),
+            },
+            t0,
+        )
+        .unwrap()
+        .with_aliases([("image_raw".to_owned(), "/robot1/image_raw".to_owned())])
+        .unwrap();
+        assert_eq!(c.resolve("image_raw").as_deref(), Some("/robot1/image_raw"));
+        assert_eq!(
+            c.resolve("/robot1/image_raw").as_deref(),
+            Some("/robot1/image_raw")
+        );
+        assert_eq!(c.resolve("/image_raw"), None);
+        c.record("/robot1/image_raw", Ok(frame(4)), Stamp::default(), t0)
+            .unwrap();
+        assert_eq!(
+            &*c.select(Some("image_raw"), None, t0).unwrap().topic,
+            "/robot1/image_raw"
+        );
+        let unknown = CameraCache::new(
+            CacheConfig {
+                topics: vec!["/a".into()],
+                default_camera: None,
+                warn_interval: S(1),
+            },
+            t0,
+        )
+        .unwrap()
+        .with_aliases([("b".to_owned(), "/b".to_owned())]);
+        assert!(unknown.is_err());
     }
 
     #[test]
