@@ -258,6 +258,14 @@ impl BpuBackend {
                 trial.cos_step = centred_cosine(&r.step, &step);
                 trial.top1_next = top1(&next).map(|(i, _)| i);
                 trial.top1_step = top1(&step).map(|(i, _)| i);
+                if trial.cos_next.is_none() || trial.cos_step.is_none() {
+                    let bad = next.iter().chain(&step).filter(|v| !v.is_finite()).count();
+                    trial.error = Some(if bad > 0 {
+                        format!("{bad} logits are not finite")
+                    } else {
+                        "constant logits".into()
+                    });
+                }
             }
             Err(e) => trial.error = Some(e.to_string()),
         }

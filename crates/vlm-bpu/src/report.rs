@@ -79,6 +79,9 @@ pub struct TensorEntry {
     pub index: usize,
     /// `None` when the library has no name getter.
     pub name: Option<String>,
+    /// What the runtime binds here by the contract's index order (`x`, `cos`, `sin`, `mask`,
+    /// `cache 3`, `logits`, `patches`, `embeddings`); `None` for a graph it does not use.
+    pub role: Option<String>,
     pub shape: Vec<usize>,
     pub tensor_type: String,
     /// As reported (`-1` = the runtime picks).
@@ -99,10 +102,11 @@ pub struct TensorEntry {
 }
 
 impl TensorEntry {
-    fn of(index: usize, t: &TensorSpec) -> Self {
+    fn of(index: usize, t: &TensorSpec, role: Option<String>) -> Self {
         Self {
             index,
             name: t.name.clone(),
+            role,
             shape: t.shape.clone(),
             tensor_type: format!("{:?}", t.dtype),
             strides_reported: t.reported_strides.clone(),
@@ -172,7 +176,11 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
                 .collect(),
         })
         .collect();
-    let graphs = r.graphs.iter().map(graph_entry).collect();
+    let graphs = r
+        .graphs
+        .iter()
+        .map(|g| graph_entry(g, r.config.as_ref()))
+        .collect();
     let memory = memory(&r);
     let mut violations: Vec<String> = r.violations.iter().map(ToString::to_string).collect();
     let decision = tail_decision(dir, opts, &r, runtime.as_ref(), &mut violations);
@@ -216,18 +224,44 @@ fn manifest(c: &ModelConfig) -> Manifest {
     }
 }
 
-fn graph_entry(g: &GraphReport) -> GraphEntry {
-    let list = |v: &[TensorSpec]| {
+/// What the runtime binds to tensor `index` of a graph of `kind`.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Text,
+    Tower,
+    Other,
+}
+
+fn role(kind: Kind, input: bool, index: usize) -> Option<String> {
+    const FIXED: [&str; FIXED_IN] = ["x", "cos", "sin", "mask"];
+    match (kind, input) {
+        (Kind::Text, true) if index < FIXED_IN => Some(FIXED[index].into()),
+        (Kind::Text, true) => Some(format!("cache {}", index - FIXED_IN)),
+        (Kind::Text, false) if index == 0 => Some("logits".into()),
+        (Kind::Text, false) => Some(format!("cache {} out", index - 1)),
+        (Kind::Tower, true) if index == 0 => Some("patches".into()),
+        (Kind::Tower, false) if index == 0 => Some("embeddings".into()),
+        _ => None,
+    }
+}
+
+fn graph_entry(g: &GraphReport, cfg: Option<&ModelConfig>) -> GraphEntry {
+    let kind = match cfg {
+        Some(c) if g.name == c.graph || g.name == c.prefill_graph() => Kind::Text,
+        Some(c) if c.visual.as_deref() == Some(g.file.as_path()) => Kind::Tower,
+        _ => Kind::Other,
+    };
+    let list = |v: &[TensorSpec], input: bool| {
         v.iter()
             .enumerate()
-            .map(|(i, t)| TensorEntry::of(i, t))
+            .map(|(i, t)| TensorEntry::of(i, t, role(kind, input, i)))
             .collect()
     };
     GraphEntry {
         name: g.name.clone(),
         file: g.file.clone(),
-        inputs: list(&g.inputs),
-        outputs: list(&g.outputs),
+        inputs: list(&g.inputs, true),
+        outputs: list(&g.outputs, false),
     }
 }
 

@@ -223,6 +223,7 @@ fn check_report_lists_what_the_board_would_show_on_every_variant() {
             {
                 for key in [
                     "name",
+                    "role",
                     "shape",
                     "tensor_type",
                     "strides_reported",

@@ -71,8 +71,9 @@ fn tensor(side: &str, t: &TensorEntry) -> String {
         format!("{:?}", t.strides)
     };
     format!(
-        "    {side} {:>2}  {:<12} {:?} {}  strides {strides}  alignedByteSize {}  buffer {} B  quant {quant}{zp}",
+        "    {side} {:>2}  {:<12} {:<14} {:?} {}  strides {strides}  alignedByteSize {}  buffer {} B  quant {quant}{zp}",
         t.index,
+        t.role.as_deref().unwrap_or("-"),
         t.name.as_deref().unwrap_or("(no name)"),
         t.shape,
         t.tensor_type,
