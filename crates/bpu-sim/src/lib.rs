@@ -50,8 +50,8 @@ mod status;
 
 pub use config::{ConfigError, FaultAction, FaultPlan, FaultRule, SimConfig, TimingModel};
 pub use container::{
-    Container, ContainerError, GraphDesc, GraphKind, LogitsType, PadLayout, TensorDesc,
-    TextParams, VisualParams,
+    Container, ContainerError, GraphDesc, GraphKind, LogitsType, PadLayout, TensorDesc, TextParams,
+    VisualParams,
 };
 pub use detect::{classify, inspect_package, DetectError, Implementation};
 pub use instance::Sim;
