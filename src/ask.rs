@@ -36,10 +36,10 @@ pub struct AskContext {
 
 impl AskContext {
     /// Closes the queue: later asks are refused, the worker ends after the queued ones.
+    /// A lock poisoned by a panicking ask task still holds a consistent `Option`, so it is
+    /// used as it is: skipping the close would leave the worker waiting for jobs forever.
     pub fn close(&self) {
-        if let Ok(mut g) = self.jobs.lock() {
-            g.take();
-        }
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 
@@ -278,8 +278,8 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
             return refused(id, f);
         }
     };
-    let cancel = match ctx.registry.admit(&id) {
-        Ok(c) => c,
+    let admission = match ctx.registry.admit(&id) {
+        Ok(a) => a,
         Err(e) => {
             let code = match e {
                 AdmitError::Busy { .. } => ErrorCode::Busy,
@@ -289,23 +289,21 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
             return refused(id, Failure::new(code, e.to_string()));
         }
     };
-    plan.turn.cancel = Some(cancel);
+    plan.turn.cancel = Some(admission.cancel_flag());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
         id: id.clone(),
         plan,
+        admission,
         respond: tx,
     };
-    let sent = ctx
-        .jobs
-        .lock()
-        .map_err(|_| ())
-        .and_then(|s| match s.as_ref() {
-            Some(s) => s.send(job).map_err(|_| ()),
-            None => Err(()),
-        });
-    if sent.is_err() {
-        ctx.registry.remove(&id);
+    // A job that is not sent comes back in the error and is dropped with its admission here,
+    // so its place is free before the refusal goes out.
+    let sent = match ctx.jobs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        Some(s) => s.send(job).is_ok(),
+        None => false,
+    };
+    if !sent {
         return refused(
             id,
             Failure::new(ErrorCode::NotReady, "the engine is shutting down"),

@@ -1,7 +1,7 @@
 //! `/diagnostics` (diagnostic_msgs/DiagnosticArray) at the configured period: model, backend,
-//! state, queue depth, requests served/failed, last TTFT and tok/s, sessions, simulator
-//! counters. Also warns (log and so `/rosout`) when a camera topic has publishers but no
-//! frame has arrived for a while, naming the usual causes.
+//! state, queue depth, requests served/failed, last TTFT and tok/s, sessions, decode-state
+//! snapshots taken, simulator counters. Also warns (log and so `/rosout`) when a camera topic
+//! has publishers but no frame has arrived for a while, naming the usual causes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -97,6 +97,7 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
         ),
         kv("sessions", s.sessions),
         kv("session_bytes", s.session_bytes),
+        kv("state_snapshots", s.snapshots),
     ];
     if let Some((buffers, tasks)) = s.sim_live {
         values.push(kv("sim_live_buffers", buffers));

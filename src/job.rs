@@ -12,6 +12,7 @@ use vlm::vision::RgbImage;
 use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
 use crate::outcome::Failure;
+use crate::registry::Admission;
 
 /// Where the images of an ask come from.
 pub enum Images {
@@ -106,6 +107,9 @@ pub struct JobPlan {
 pub struct Job {
     pub id: String,
     pub plan: JobPlan,
+    /// Its place in the registry: released before `respond` is used, and on drop if the job
+    /// ends any other way.
+    pub admission: Admission,
     pub respond: tokio::sync::oneshot::Sender<Ask::Response>,
 }
 

@@ -15,12 +15,14 @@
 //!    `/ask` response are filled; error codes are [`interface::ErrorCode`] and finish
 //!    reasons `vlm::stream::FinishReason` until then.
 //!
-//! [`node`] creates the entities, threads and shutdown; [`diagnostics`] reports on
+//! [`node`] creates the entities, threads and shutdown ([`ask_server`] tracks every `/ask`
+//! task until its response is sent; [`signals`]: SIGINT, SIGTERM); [`diagnostics`] reports on
 //! `/diagnostics`; [`rosout`] sends warnings to `/rosout`; [`embedded`] is the demo model
 //! (`demo_model`); [`log_level`] sets the stderr log level from `--ros-args --log-level`.
 #![forbid(unsafe_code)]
 
 pub mod ask;
+pub mod ask_server;
 pub mod cameras;
 pub mod clock;
 pub mod diagnostics;
@@ -40,6 +42,7 @@ pub mod ros_names;
 pub mod ros_text;
 pub mod rosout;
 pub mod sessions;
+pub mod signals;
 pub mod test_hooks;
 pub mod token_sink;
 pub mod worker;

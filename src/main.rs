@@ -7,7 +7,6 @@
 
 use anyhow::Context as _;
 use bpu_vlm::rosout::{self, RosoutTarget};
-use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
@@ -31,20 +30,13 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(rosout_target: RosoutTarget) -> anyhow::Result<()> {
-    // Install the handlers before any ROS entity exists, so an early signal still drains.
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    // Installed before any ROS entity exists, so an early signal still drains.
+    let signals = bpu_vlm::signals::Signals::install()
+        .context("installing the SIGINT and SIGTERM handlers")?;
 
     let ctx = r2r::Context::create().context("initialising ROS 2 (rcl)")?;
     tracing::info!(ros_distro = r2r::ROS_DISTRO, "r2r context created");
-    let shutdown = async move {
-        let name = tokio::select! {
-            _ = sigint.recv() => "SIGINT",
-            _ = sigterm.recv() => "SIGTERM",
-        };
-        tracing::info!("{name} received");
-    };
-    bpu_vlm::node::run(ctx, shutdown, &rosout_target)
+    bpu_vlm::node::run(ctx, signals.first(), &rosout_target)
         .await
         .context("running vlm_node")
 }

@@ -7,9 +7,14 @@
 //! 2. the `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
 //! 3. only then is `/ask` created, so a client that sees the service can be answered.
 //!
-//! Shutdown (SIGINT/SIGTERM): every live request is cancelled (each gets its `last` Token
-//! and a `cancelled` response), the queue is closed, the worker thread releases the model
-//! (BPU handles), then the spin thread drops the node (DDS entities finalised).
+//! Shutdown (SIGINT/SIGTERM) is a sequence of waits on events, never on time:
+//! 1. loading and warm-up are interrupted (they stop at the next load step or graph call;
+//!    a board's `hbDNNInitializeFromFiles` of several GB runs to its end first);
+//! 2. the queue is closed and every live request cancelled: each running or queued one gets
+//!    its `last` Token, its `Answer` and a `cancelled` response from the worker thread;
+//! 3. the worker thread ends and has released the model (BPU handles);
+//! 4. `/ask` takes no more requests, and every request it took has had its response sent;
+//! 5. the spin thread drops the node (DDS entities finalised).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,10 +26,12 @@ use std::time::{Duration, Instant};
 
 use camera_frame::{CacheConfig, CameraCache};
 use futures::StreamExt;
-use r2r::{QosProfile, ServiceRequest};
+use r2r::QosProfile;
+use vlm::interrupt::Interrupt;
 use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 use crate::ask::{self, AskContext};
+use crate::ask_server::AskServer;
 use crate::cameras::{self, CameraMsg};
 use crate::diagnostics;
 use crate::embedded;
@@ -325,16 +332,18 @@ pub async fn run(
 
     let (job_tx, job_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let interrupt = Interrupt::new();
     let worker_thread = {
         let p = params.clone();
-        let registry = registry.clone();
         let stats = stats.clone();
         let outputs = Outputs { tokens, answers };
         let config = WorkerConfig {
             session_memory_bytes: p.session_memory_bytes,
             session_idle,
             warm_up_system: p.system_prompt.clone(),
+            interrupt: interrupt.clone(),
         };
+        let open_interrupt = interrupt.clone();
         std::thread::Builder::new()
             .name(WORKER_THREAD.to_owned())
             .spawn(move || {
@@ -347,13 +356,14 @@ pub async fn run(
                     })?;
                     let mut opts = OpenOptions {
                         vision: p.vision,
+                        interrupt: open_interrupt,
                         ..OpenOptions::default()
                     };
                     opts.bpu.priority = p.bpu_priority;
                     opts.bpu.timeout = p.bpu_timeout;
                     open_assistant(&source, &opts)
                 };
-                worker::run(open, config, job_rx, outputs, registry, stats, ready_tx);
+                worker::run(open, config, job_rx, outputs, stats, ready_tx);
             })
             .map_err(|e| NodeError::Thread(WORKER_THREAD, e))?
     };
@@ -370,6 +380,7 @@ pub async fn run(
         jobs: Mutex::new(Some(job_tx)),
     });
     let mut result = Ok(());
+    let mut ask_server = None;
     match loaded {
         Some(Ok(info)) => {
             let name = params.ask_service.clone();
@@ -380,7 +391,7 @@ pub async fn run(
                 .await
                 .ok_or(NodeError::SpinGone)?;
             let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
-            tasks.push(tokio::spawn(serve_ask(asks, ask_ctx.clone())));
+            ask_server = Some(AskServer::start(asks, ask_ctx.clone()));
             tracing::info!(
                 tokens = %params.tokens_topic,
                 "vlm_node ready: model {} on {}, service {}",
@@ -398,6 +409,7 @@ pub async fn run(
     }
 
     tracing::info!("shutting down: cancelling live requests, releasing the model, finalising ROS");
+    interrupt.raise();
     // Closing the queue first: nothing is admitted after the cancel below. The worker loop
     // ends once the (cancelled) jobs are answered.
     ask_ctx.close();
@@ -405,13 +417,21 @@ pub async fn run(
     if live > 0 {
         tracing::info!(live, "cancelled live requests");
     }
+    // Joined on a blocking thread: the worker may still be finishing a graph call.
     let joined = tokio::task::spawn_blocking(move || worker_thread.join())
         .await
         .map_err(|_| NodeError::Panicked(WORKER_THREAD))
         .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
-    // Let reliable DDS writers hand over the final Tokens and responses before the entities go.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let spin_result = spin.stop();
+    // Every job is answered or dropped now, so each /ask task can send its response.
+    if let Some(server) = ask_server {
+        server.finish().await;
+    }
+    // Every final Token, Answer and response has been handed to DDS (publish and respond
+    // return once the middleware has the sample); the node goes only after that.
+    let spin_result = tokio::task::spawn_blocking(move || spin.stop())
+        .await
+        .map_err(|_| NodeError::Panicked("ros-spin"))
+        .and_then(|r| r);
     for t in tasks {
         t.abort();
         let _ = t.await;
@@ -421,25 +441,4 @@ pub async fn run(
     result?;
     tracing::info!("vlm_node stopped cleanly");
     Ok(())
-}
-
-/// Takes every Ask request; each is handled in its own task so a long answer never holds up
-/// the next request (which may be refused with `busy` at once).
-async fn serve_ask(
-    mut asks: impl futures::Stream<Item = ServiceRequest<Ask::Service>> + Unpin,
-    ctx: Arc<AskContext>,
-) {
-    while let Some(request) = asks.next().await {
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            let mut request = request;
-            // Taken, not cloned: the request's images are its bulk, and they are copied once,
-            // from the middleware's buffer into this message.
-            let message = std::mem::take(&mut request.message);
-            let response = ask::handle(message, ctx).await;
-            if let Err(error) = request.respond(response) {
-                tracing::warn!(%error, "could not send the /ask response");
-            }
-        });
-    }
 }

@@ -1,4 +1,8 @@
 //! Live requests (queued or running): bounded by `queue_depth`, unique ids, cancel flags.
+//!
+//! A request holds its place through an [`Admission`], which frees the id and the queue place
+//! when it is released or dropped — before the response goes out, so a client that reuses the
+//! id the moment it has its answer is admitted, and on every other way a request can end.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +15,30 @@ pub enum AdmitError {
     Busy { depth: usize },
     #[error("request id {0:?} is already queued or running")]
     DuplicateId(String),
+}
+
+/// A live request's place: its id, its queue place and its cancel flag. Dropping it frees
+/// the place (only its own: the id may already belong to a newer request).
+pub struct Admission {
+    registry: Arc<Registry>,
+    id: String,
+    flag: Arc<AtomicBool>,
+}
+
+impl Admission {
+    /// The cancel flag `/vlm/cancel` and shutdown set.
+    pub fn cancel_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.flag)
+    }
+
+    /// Frees the place now (the same as dropping it, said where it matters).
+    pub fn release(self) {}
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.registry.release(&self.id, &self.flag);
+    }
 }
 
 /// The set of live requests.
@@ -38,8 +66,8 @@ impl Registry {
         format!("req-{}", self.next.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Admits `id` and returns its cancel flag.
-    pub fn admit(&self, id: &str) -> Result<Arc<AtomicBool>, AdmitError> {
+    /// Admits `id`; the request keeps its place as long as it holds the [`Admission`].
+    pub fn admit(self: &Arc<Self>, id: &str) -> Result<Admission, AdmitError> {
         let mut live = self.lock();
         if live.contains_key(id) {
             return Err(AdmitError::DuplicateId(id.to_owned()));
@@ -49,7 +77,11 @@ impl Registry {
         }
         let flag = Arc::new(AtomicBool::new(false));
         live.insert(id.to_owned(), flag.clone());
-        Ok(flag)
+        Ok(Admission {
+            registry: Arc::clone(self),
+            id: id.to_owned(),
+            flag,
+        })
     }
 
     /// Sets the cancel flag of a live request; false when no such request is live.
@@ -72,8 +104,12 @@ impl Registry {
         live.len()
     }
 
-    pub fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    /// Frees `id` if the entry is still the admission holding `flag`.
+    fn release(&self, id: &str, flag: &Arc<AtomicBool>) {
+        let mut live = self.lock();
+        if live.get(id).is_some_and(|f| Arc::ptr_eq(f, flag)) {
+            live.remove(id);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -91,20 +127,38 @@ mod tests {
 
     #[test]
     fn depth_ids_and_cancel() {
-        let r = Registry::new(2);
+        let r = Arc::new(Registry::new(2));
         let a = r.admit("a").unwrap();
         assert_eq!(
             r.admit("a").err(),
             Some(AdmitError::DuplicateId("a".into()))
         );
-        r.admit("b").unwrap();
+        let _b = r.admit("b").unwrap();
         assert_eq!(r.admit("c").err(), Some(AdmitError::Busy { depth: 2 }));
         assert!(r.cancel("a"));
-        assert!(a.load(Ordering::Acquire));
+        assert!(a.cancel_flag().load(Ordering::Acquire));
         assert!(!r.cancel("zz"));
-        r.remove("a");
-        r.admit("c").unwrap();
+        a.release();
+        let _c = r.admit("c").unwrap();
         assert_eq!(r.len(), 2);
         assert_ne!(r.fresh_id(), r.fresh_id());
+    }
+
+    #[test]
+    fn a_released_id_is_free_at_once_and_a_stale_release_frees_nothing() {
+        let r = Arc::new(Registry::new(4));
+        let first = r.admit("x").unwrap();
+        first.release();
+        let second = r.admit("x").expect("the id is free once released");
+        // A stale release of the first admission (a late cleanup) must not free the second.
+        let stale = Arc::new(AtomicBool::new(false));
+        r.release("x", &stale);
+        assert_eq!(r.len(), 1);
+        assert_eq!(
+            r.admit("x").err(),
+            Some(AdmitError::DuplicateId("x".into()))
+        );
+        drop(second);
+        assert!(r.is_empty(), "dropping an admission frees its place");
     }
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use r2r::Publisher;
 use vlm::assistant::{Assistant, BackendKind, ModelInfo};
+use vlm::interrupt::Interrupt;
 use vlm::stream::{Completion, Event, FinishReason};
 use vlm_bpu::OpenError;
 
@@ -16,7 +17,6 @@ use crate::interface::ErrorCode;
 use crate::job::{Job, JobPlan};
 use crate::msgs::msg::{Answer, Token};
 use crate::outcome::{Failure, Figures, Outcome};
-use crate::registry::Registry;
 use crate::sessions::Sessions;
 use crate::token_sink::TokenSink;
 
@@ -54,6 +54,8 @@ pub struct WorkerStats {
     pub last_tokens_per_s: f64,
     pub sessions: usize,
     pub session_bytes: usize,
+    /// Decode-state snapshots taken since the model was opened ([`Assistant::snapshots`]).
+    pub snapshots: u64,
     /// Simulator live buffers/tasks (`None` on the board or the CPU).
     pub sim_live: Option<(usize, usize)>,
 }
@@ -69,6 +71,7 @@ impl Default for WorkerStats {
             last_tokens_per_s: 0.0,
             sessions: 0,
             session_bytes: 0,
+            snapshots: 0,
             sim_live: None,
         }
     }
@@ -93,6 +96,8 @@ pub struct WorkerConfig {
     pub session_memory_bytes: usize,
     pub session_idle: Duration,
     pub warm_up_system: Option<String>,
+    /// Raised at shutdown: loading and warm-up stop at the next step or graph call.
+    pub interrupt: Interrupt,
 }
 
 /// Runs on the worker thread: `open` builds the assistant there, `ready` reports the outcome
@@ -102,16 +107,21 @@ pub fn run(
     config: WorkerConfig,
     jobs: Receiver<Job>,
     outputs: Outputs,
-    registry: Arc<Registry>,
     stats: SharedStats,
     ready: tokio::sync::oneshot::Sender<Result<ModelInfo, String>>,
 ) {
     let loaded = open().and_then(|mut a| {
-        a.warm_up(config.warm_up_system.clone())?;
+        a.warm_up(config.warm_up_system.clone(), &config.interrupt)?;
         Ok(a)
     });
     let mut assistant = match loaded {
         Ok(a) => a,
+        // Stopped by shutdown: not a failure of the model, so diagnostics do not say ERROR.
+        Err(e) if config.interrupt.is_raised() => {
+            tracing::info!("loading stopped by shutdown: {e}");
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
         Err(e) => {
             let msg = format!("{e}");
             update(&stats, |s| s.state = WorkerState::Failed(msg.clone()));
@@ -129,6 +139,7 @@ pub fn run(
     update(&stats, |s| {
         s.state = WorkerState::Ready;
         s.model = Some(assistant.info().clone());
+        s.snapshots = assistant.snapshots();
         s.sim_live = sim_live();
     });
     let _ = ready.send(Ok(assistant.info().clone()));
@@ -147,9 +158,7 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => break,
         };
         update(&stats, |s| s.state = WorkerState::Busy);
-        let id = job.id.clone();
         let ok = serve(&mut assistant, &mut sessions, job, &outputs, &stats);
-        registry.remove(&id);
         sessions.expire(Instant::now());
         update(&stats, |s| {
             s.state = WorkerState::Ready;
@@ -160,6 +169,7 @@ pub fn run(
             }
             s.sessions = sessions.len();
             s.session_bytes = sessions.bytes();
+            s.snapshots = assistant.snapshots();
             s.sim_live = sim_live();
         });
     }
@@ -190,6 +200,8 @@ fn serve(
         tracing::warn!(error = %e, "could not publish the Answer");
     }
     log(&outcome);
+    // The place is free before the client hears: it may reuse the id at once.
+    job.admission.release();
     // The client may have gone away; nothing to do then.
     let _ = job.respond.send(outcome.response());
     outcome.succeeded()
@@ -218,6 +230,8 @@ fn generate(
     sink: &mut TokenSink<'_>,
 ) -> Result<Completion, Failure> {
     plan.turn.images = plan.images.take_inputs()?;
+    // Only a turn that may be continued pays for a state snapshot.
+    plan.turn.keep = plan.session_id.is_some();
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));
     if plan.session_id.is_some() && conversation.is_none() {
         tracing::info!(session = ?plan.session_id, "new session");

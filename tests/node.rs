@@ -375,7 +375,9 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
     // A session continues the conversation exactly as vlm::assistant does.
     let s1 = ok("session 1", &rep["session"][0]);
     let s2 = ok("session 2", &rep["session"][1]);
-    let t1 = a.ask(None, &turn(PROMPT, vec![]), &mut |_| {})?;
+    let mut first = turn(PROMPT, vec![]);
+    first.keep = true;
+    let t1 = a.ask(None, &first, &mut |_| {})?;
     let conv = t1.conversation.context("turn 1 finished")?;
     let t2 = a.ask(Some(&conv), &turn(PROMPT2, vec![]), &mut |_| {})?;
     assert_eq!(s1, t1.completion.text);

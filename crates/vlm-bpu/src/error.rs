@@ -57,6 +57,10 @@ pub enum BpuError {
     /// A graph compiled for another BPU architecture.
     #[error("{}: compiled for another BPU: {detail}", path.display())]
     March { path: PathBuf, detail: String },
+    /// [`crate::BpuOptions::interrupt`] was raised: opening stopped before `step`, and
+    /// everything loaded or allocated until then was released.
+    #[error("opening the package was interrupted before {step}")]
+    Interrupted { step: &'static str },
 }
 
 /// Any device failure fails the request; the state (the input cache set) is left untouched.

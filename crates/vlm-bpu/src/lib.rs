@@ -50,6 +50,7 @@ use hbdnn::{DeviceBuffer, PackedModel, Sched};
 
 use vlm::chat::Pos3;
 use vlm::engine::{Backend, BackendInfo, EngineError, StateBlob, StateShape};
+use vlm::interrupt::Interrupt;
 use vlm::package::ModelConfig;
 use vlm::vision::PixelValues;
 
@@ -93,6 +94,10 @@ pub struct BpuOptions {
     /// Longest wait for one graph call. A call that takes longer fails the request and
     /// wedges the runtime (the task may still be running; see `hbdnn::Runtime::is_wedged`).
     pub timeout: Duration,
+    /// Asked before each step of opening; raised, [`BpuBackend::open`] stops with
+    /// [`BpuError::Interrupted`] (a step in progress, such as a board's graph load, runs to
+    /// its end).
+    pub interrupt: Interrupt,
     /// The ION pool preflight ([`PoolCheck`]; parses `strict`, `warn`, `off`): a pool
     /// identified and too small is refused unless `Off`; one that cannot be identified is
     /// refused under `Strict`, warned about under `Warn` (the default).
@@ -114,6 +119,7 @@ impl Default for BpuOptions {
             cache_dir: None,
             no_prefill_graph: false,
             timeout: DEFAULT_TIMEOUT,
+            interrupt: Interrupt::new(),
             pool_check: PoolCheck::default(),
         }
     }

@@ -3,6 +3,12 @@
 //! board a second engine or an over-full pool can take the machine down rather than fail.
 //! Graphs are loaded and checked against the contract before any buffer exists, and the
 //! buffers are checked against the pool before any is allocated.
+//!
+//! Each named step first looks at [`BpuOptions::interrupt`]: raised, opening stops there with
+//! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. A step itself
+//! cannot be cut short: on a board, loading the text graphs is one `hbDNNInitializeFromFiles`
+//! call that reads several GB of `.hbm` (≈ 15 s for the 4B) and returns only when done, so a
+//! shutdown then waits for it.
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +16,7 @@ use bpu_sim::Implementation;
 use hbdnn::{Graph, PackedModel, Runtime, Sched};
 
 use vlm::engine::BackendInfo;
+use vlm::interrupt::Interrupt;
 use vlm::package::{LoadOptions, ModelConfig};
 
 use crate::contract::{self, DecodeShape, FIXED_IN};
@@ -50,6 +57,8 @@ impl BpuBackend {
     /// Opens the package in `dir`. For simulator packages the calling thread's simulator
     /// instance ([`bpu_sim::Sim::current`], or one `install`ed before) runs the graphs.
     pub fn open(dir: &Path, opts: &BpuOptions) -> Result<Self, BpuError> {
+        let step = |name| step(&opts.interrupt, name);
+        step("reading the manifest")?;
         let cfg = ModelConfig::load(
             dir,
             LoadOptions {
@@ -68,16 +77,21 @@ impl BpuBackend {
         }
         let (before_load, hbm_bytes) =
             preflight_files(implementation, &files, &cfg.hbm, opts.pool_check)?;
+        step("opening the runtime")?;
         let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
         let runtime_info = RuntimeInfo::of(&runtime);
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
+        step("loading the text graphs")?;
         let text = load_text_graphs(&runtime, &cfg, opts.no_prefill_graph)?;
         let has_weights = sim_weights(implementation, &text);
+        step("opening the embedding table")?;
         let embed = open_embed(&cfg, &text.shape)?;
+        step("loading the vision tower")?;
         let tower = load_tower(&runtime, &cfg)?;
         let axes = rope_axes(&cfg, &text.shape)?;
         let after_load = pool::after_load(implementation, &before_load, hbm_bytes);
         preflight_buffers(&text, &after_load, &cfg.hbm, opts.pool_check)?;
+        step("allocating the buffers")?;
         let mut me = allocate(
             Loaded {
                 cfg,
@@ -91,6 +105,7 @@ impl BpuBackend {
             },
             opts,
         )?;
+        step("clearing the state")?;
         // Fresh buffers hold whatever the pool held before: the state starts zeroed and
         // flushed to the device.
         me.clear_state().map_err(|e| BpuError::Config {
@@ -100,6 +115,17 @@ impl BpuBackend {
         me.decide_tail(dir, opts, has_weights)?;
         Ok(me)
     }
+}
+
+/// Asked before each named step of [`BpuBackend::open`]: stops opening when `interrupt` is
+/// raised (what was built so far is dropped, so released, on the way out).
+fn step(interrupt: &Interrupt, name: &'static str) -> Result<(), BpuError> {
+    if interrupt.is_raised() {
+        tracing::info!("opening the package interrupted before {name}");
+        return Err(BpuError::Interrupted { step: name });
+    }
+    tracing::debug!(step = name, "open step");
+    Ok(())
 }
 
 /// Every `.hbm` the package loads: the main file, a separate prefill file, the vision tower.

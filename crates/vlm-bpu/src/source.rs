@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use bpu_sim::Implementation;
 use vlm::assistant::{load_tokenizer, Assistant, AssistantError, BackendKind, ModelParts};
 use vlm::engine::CpuOptions;
+use vlm::interrupt::Interrupt;
 
 use crate::{BpuBackend, BpuError, BpuOptions};
 
@@ -36,6 +37,9 @@ pub struct OpenOptions {
     pub bpu: BpuOptions,
     /// CPU settings (HF checkpoints).
     pub cpu: CpuOptions,
+    /// Stops opening between steps (packages: see [`BpuOptions::interrupt`], which takes
+    /// this one; HF checkpoints: before the weights are read, which cannot be cut short).
+    pub interrupt: Interrupt,
 }
 
 impl Default for OpenOptions {
@@ -44,6 +48,7 @@ impl Default for OpenOptions {
             vision: true,
             bpu: BpuOptions::default(),
             cpu: CpuOptions::default(),
+            interrupt: Interrupt::new(),
         }
     }
 }
@@ -57,12 +62,23 @@ pub enum OpenError {
     Assistant(#[from] AssistantError),
 }
 
+impl OpenError {
+    /// An interrupt stopped opening or warming up: not a failure of the model.
+    pub fn is_interrupted(&self) -> bool {
+        match self {
+            Self::Bpu(e) => matches!(e, BpuError::Interrupted { .. }),
+            Self::Assistant(e) => e.is_interrupted(),
+        }
+    }
+}
+
 /// Opens a model. For simulator packages the calling thread's simulator runs the graphs.
 pub fn open_assistant(source: &ModelSource, opts: &OpenOptions) -> Result<Assistant, OpenError> {
     match source {
         ModelSource::Package(dir) => {
             let mut bpu = opts.bpu.clone();
             bpu.no_vision = !opts.vision;
+            bpu.interrupt = opts.interrupt.clone();
             let b = BpuBackend::open(dir, &bpu)?;
             let cfg = b.config().clone();
             let parts = ModelParts {
@@ -80,6 +96,14 @@ pub fn open_assistant(source: &ModelSource, opts: &OpenOptions) -> Result<Assist
             };
             Ok(Assistant::new(Box::new(b), parts)?)
         }
-        ModelSource::Hf(dir) => Ok(Assistant::open_hf(dir, opts.cpu, opts.vision)?),
+        ModelSource::Hf(dir) => {
+            if opts.interrupt.is_raised() {
+                return Err(AssistantError::Interrupted {
+                    step: "reading the checkpoint".into(),
+                }
+                .into());
+            }
+            Ok(Assistant::open_hf(dir, opts.cpu, opts.vision)?)
+        }
     }
 }

@@ -29,6 +29,13 @@ fn turn(text: &str, images: Vec<ImageInput>) -> Turn {
     t
 }
 
+/// A text turn whose conversation is parked for the next turn.
+fn kept(text: &str) -> Turn {
+    let mut t = turn(text, vec![]);
+    t.keep = true;
+    t
+}
+
 /// A sim package of tiny-4b with the fixture tokenizer, in a temp dir.
 fn package() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
@@ -127,7 +134,7 @@ fn bpu_sim_and_cpu_backends_answer_alike_and_sessions_continue() {
     // A conversation parked after turn 1 and resumed after an unrelated ask equals the same
     // two turns asked back to back.
     let t1 = bpu
-        .ask(None, &turn("First question.", vec![]), &mut |_| {})
+        .ask(None, &kept("First question."), &mut |_| {})
         .unwrap();
     let conv = t1.conversation.clone().unwrap();
     assert!(conv.size_bytes() > 0);
@@ -144,7 +151,7 @@ fn bpu_sim_and_cpu_backends_answer_alike_and_sessions_continue() {
         .ask(Some(&conv), &turn("Second.", vec![]), &mut |_| {})
         .unwrap();
     assert_eq!(back_to_back.completion.tokens, resumed.completion.tokens);
-    let mut first = turn("First question.", vec![]);
+    let mut first = kept("First question.");
     first.system = Some(bpu.info().system.clone());
     let cpu_t1 = cpu.ask(None, &first, &mut |_| {}).unwrap();
     let cpu_t2 = cpu
@@ -172,7 +179,7 @@ fn bad_turns_fail_with_a_reason_and_the_assistant_stays_usable() {
     let e = a.ask(None, &long, &mut |_| {}).unwrap_err();
     assert!(e.is_context_overflow(), "{e}");
     let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let mut cancelled = turn("hi", vec![]);
+    let mut cancelled = kept("hi");
     cancelled.cancel = Some(cancel);
     let r = a.ask(None, &cancelled, &mut |_| {}).unwrap();
     assert_eq!(r.completion.finish_reason, FinishReason::Cancelled);
@@ -243,7 +250,7 @@ fn vlm_chat_prints_what_the_assistant_computes() {
     );
 
     // REPL: two lines are two turns of one conversation.
-    t = turn("First question.", vec![]);
+    t = kept("First question.");
     let t1 = a.ask(None, &t, &mut |_| {}).unwrap();
     let t2 = a
         .ask(

@@ -4,10 +4,14 @@
 //! It owns what both front ends would otherwise repeat: the backend (opened by
 //! `vlm_bpu::open_assistant`, or [`Assistant::open_hf`] for the CPU) with its tokenizer,
 //! the chat template, the system prefix prefilled once and restored per fresh conversation,
-//! parked conversations as decode-state snapshots, and the mapping of a turn's settings onto
-//! the sampler and the stream. It must not know about ROS, threads or async: the caller owns
-//! the one thread that drives an [`Assistant`] (BPU handles are not `Send`).
+//! parked conversations as decode-state snapshots (taken only for a turn that asks,
+//! [`Turn::keep`]), the mapping of a turn's settings onto the sampler and the stream, and the
+//! interruptible warm-up ([`Assistant::warm_up`]). It must not know about ROS, threads or
+//! async: the caller owns the one thread that drives an [`Assistant`] (BPU handles are not
+//! `Send`).
 #![forbid(unsafe_code)]
+
+mod warm_up;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,12 +42,21 @@ pub enum AssistantError {
     /// The turn itself is unusable (empty text, images for a text-only model, ...).
     #[error("invalid turn: {0}")]
     Turn(String),
+    /// An [`crate::interrupt::Interrupt`] stopped the work before `step` (a graph call or a
+    /// load step); the calls before it completed, none after it ran.
+    #[error("interrupted before {step}")]
+    Interrupted { step: String },
 }
 
 impl AssistantError {
     /// The turn did not fit the free window slots.
     pub fn is_context_overflow(&self) -> bool {
         matches!(self, Self::Engine(EngineError::ContextOverflow { .. }))
+    }
+
+    /// An [`crate::interrupt::Interrupt`] stopped the work: not a failure of the model.
+    pub fn is_interrupted(&self) -> bool {
+        matches!(self, Self::Interrupted { .. })
     }
 }
 
@@ -129,6 +142,10 @@ pub struct Turn {
     pub cancel: Option<Arc<AtomicBool>>,
     /// TTFT is measured from here (the request's arrival).
     pub started: Instant,
+    /// Park the finished conversation ([`Reply::conversation`]) so a later turn can continue
+    /// it. A snapshot copies the whole decode state out of device memory (an INVALIDATE of
+    /// every cache buffer, tens of MB on the 4B), so only a turn that may be continued asks.
+    pub keep: bool,
 }
 
 impl Turn {
@@ -147,6 +164,7 @@ impl Turn {
             deadline: None,
             cancel: None,
             started: Instant::now(),
+            keep: false,
         }
     }
 }
@@ -180,8 +198,9 @@ impl Conversation {
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub completion: Completion,
-    /// The conversation including this turn; `None` when the turn did not finish (cancel,
-    /// timeout), so a session continues from its previous state.
+    /// The conversation including this turn; `None` when the turn was not kept
+    /// ([`Turn::keep`]) or did not finish (cancel, timeout), so a session continues from its
+    /// previous state.
     pub conversation: Option<Conversation>,
     /// Seed the sampler used (reproduce a sampled answer with it).
     pub seed: u64,
@@ -205,6 +224,8 @@ pub struct Assistant {
     /// The system block last prefilled (its text) and the state right after it.
     prefix: Option<(String, StateBlob)>,
     resident: Resident,
+    /// Decode-state snapshots taken (conversations kept and system prefixes cached).
+    snapshots: u64,
 }
 
 impl std::fmt::Debug for Assistant {
@@ -310,6 +331,7 @@ impl Assistant {
             info,
             prefix: None,
             resident: Resident::Unknown,
+            snapshots: 0,
         })
     }
 
@@ -350,26 +372,17 @@ impl Assistant {
         &self.eos
     }
 
+    /// Decode-state snapshots taken so far: one per kept turn ([`Turn::keep`]) and one per
+    /// system block prefilled (cached for the next fresh conversation). Each copies the whole
+    /// state out of device memory, which is what makes an unneeded one costly.
+    pub fn snapshots(&self) -> u64 {
+        self.snapshots
+    }
+
     /// Direct engine access (tests, benchmarks). Invalidates the resident-state shortcut.
     pub fn engine_mut(&mut self) -> &mut Engine<AnyBackend> {
         self.resident = Resident::Unknown;
         &mut self.engine
-    }
-
-    /// Runs every graph once (system prefix prefill, one decode step, the tower when there
-    /// is one) so the first real request does not pay first-run costs.
-    pub fn warm_up(&mut self, system: Option<String>) -> Result<(), AssistantError> {
-        let t0 = Instant::now();
-        let mut turn = Turn::new("hi", 1);
-        turn.system = system;
-        if let Some(side) = self.info.image_side {
-            let black = crate::vision::RgbImage::new(side, side, vec![0; side * side * 3])
-                .map_err(EngineError::from)?;
-            turn.images.push(ImageInput::Rgb(black));
-        }
-        self.ask(None, &turn, &mut |_| {})?;
-        tracing::info!(ms = t0.elapsed().as_millis() as u64, "warm-up done");
-        Ok(())
     }
 
     /// Answers `turn`, continuing `conversation` when given (else a fresh one starting with
@@ -404,9 +417,14 @@ impl Assistant {
                 (self.template.render(None, &user)?, c.turns, c.id)
             }
             None => {
-                prefix_rows = self.load_prefix(&SystemOptions {
+                let opts = SystemOptions {
                     system: turn.system.clone(),
                     tools: turn.tools.clone(),
+                };
+                prefix_rows = self.load_prefix(&opts, &mut || false)?.ok_or_else(|| {
+                    AssistantError::Interrupted {
+                        step: "the system prefix".into(),
+                    }
                 })?;
                 (
                     self.template.render_after_system(&user)?,
@@ -452,8 +470,9 @@ impl Assistant {
             gen.completion.finish_reason,
             FinishReason::Stop | FinishReason::Length
         );
-        let conversation = if finished {
+        let conversation = if finished && turn.keep {
             let state = self.engine.backend_mut().snapshot()?;
+            self.snapshots += 1;
             tracing::debug!(
                 conversation = id,
                 bytes = state.size_bytes(),
@@ -485,14 +504,20 @@ impl Assistant {
     }
 
     /// Puts the state right after the system block: restored from the cached snapshot when
-    /// the block is the cached one, else prefilled and cached.
-    /// Returns the prefix's row count.
-    fn load_prefix(&mut self, opts: &SystemOptions) -> Result<usize, AssistantError> {
+    /// the block is the cached one, else prefilled and cached; `interrupt` is asked before
+    /// each graph call of the prefill.
+    /// Returns the prefix's row count; `None` when `interrupt` stopped it (nothing cached).
+    fn load_prefix(
+        &mut self,
+        opts: &SystemOptions,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<usize>, AssistantError> {
         let text = self.template.system_text(opts)?;
+        self.resident = Resident::Unknown;
         if let Some((cached, blob)) = &self.prefix {
             if *cached == text {
                 self.engine.backend_mut().restore(blob)?;
-                return Ok(self.engine.backend().consumed());
+                return Ok(Some(self.engine.backend().consumed()));
             }
         }
         let ids = self.template.system_prefix(opts)?;
@@ -501,16 +526,17 @@ impl Assistant {
         let mut rows = Vec::new();
         backend.embed(&ids, &mut rows)?;
         let positions: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
-        if !positions.is_empty() {
-            backend.step(&rows, &positions)?;
+        if !positions.is_empty() && !backend.step_interruptible(&rows, &positions, interrupt)? {
+            return Ok(None);
         }
         let blob = backend.snapshot()?;
+        self.snapshots += 1;
         tracing::info!(
             tokens = ids.len(),
             bytes = blob.size_bytes(),
             "system prefix prefilled and cached"
         );
         self.prefix = Some((text, blob));
-        Ok(ids.len())
+        Ok(Some(ids.len()))
     }
 }

@@ -6,7 +6,8 @@
 //! ([`chat`]), the token sampler ([`sampler`]), the streaming detokeniser with stop
 //! handling and the `<think>` split ([`stream`]), the scheduler that feeds rows through a
 //! [`engine::Backend`] (with the CPU backend over `qwen35`) ([`engine`]), and conversations
-//! with their cached system prefix and parked states ([`assistant`]).
+//! with their cached system prefix and parked states ([`assistant`]); [`interrupt`] stops
+//! opening and warm-up at the next graph-call boundary.
 //!
 //! `qwen35` is used for its shared arithmetic (patchify, M-RoPE positions) and by the CPU
 //! backend. Must not depend on the BPU (`hbdnn`, `bpu-sim`: the BPU backend is the
@@ -17,6 +18,7 @@
 pub mod assistant;
 pub mod chat;
 pub mod engine;
+pub mod interrupt;
 pub mod package;
 pub mod sampler;
 pub mod structured;

@@ -204,6 +204,8 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         t.tools = tools.clone();
         t.sampling = args.sampling();
         t.stop = args.stop.clone();
+        // Only the REPL continues a conversation; a single --prompt turn needs no snapshot.
+        t.keep = args.prompt.is_none();
         t
     };
     let answer = |assistant: &mut Assistant,

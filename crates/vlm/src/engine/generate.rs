@@ -28,6 +28,9 @@ pub enum ImageInput {
     Pixels(PixelValues),
 }
 
+/// Embedding rows `[n, hidden]` of a turn and their positions.
+type TurnRows = (Vec<f32>, Vec<Pos3>);
+
 /// Result of [`Engine::generate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
@@ -145,6 +148,19 @@ impl<B: Backend> Engine<B> {
         prompt: &Prompt,
         images: &[ImageInput],
     ) -> Result<(Vec<f32>, Vec<Pos3>), EngineError> {
+        // Never `None`: nothing asks to stop.
+        self.turn_rows_until(prompt, images, &mut || false)
+            .map(Option::unwrap_or_default)
+    }
+
+    /// [`Engine::turn_rows`] that asks `interrupt` before each tower run (a graph call) and
+    /// returns `None` when it says stop.
+    fn turn_rows_until(
+        &mut self,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<Option<TurnRows>, EngineError> {
         let needed = prompt.rows();
         let left = self.backend.context_left();
         if needed > left {
@@ -170,6 +186,9 @@ impl<B: Backend> Engine<B> {
             match seg {
                 Segment::Tokens(ids) => self.backend.embed(ids, &mut rows)?,
                 Segment::Image { index, slot } => {
+                    if interrupt() {
+                        return Ok(None);
+                    }
                     let img = images.get(*index).ok_or_else(|| EngineError::Image {
                         index: *index,
                         reason: "no image for this slot".into(),
@@ -180,7 +199,7 @@ impl<B: Backend> Engine<B> {
             }
         }
         let (positions, _) = prompt.positions(self.backend.next_position());
-        Ok((rows, positions))
+        Ok(Some((rows, positions)))
     }
 
     fn encode(
@@ -224,14 +243,16 @@ impl<B: Backend> Engine<B> {
     }
 
     /// Feeds a turn (prefill only, e.g. a system prefix or a replayed turn). Returns false
-    /// when `interrupt` stopped it between graph runs.
+    /// when `interrupt` stopped it between graph runs (tower runs included).
     pub fn prefill(
         &mut self,
         prompt: &Prompt,
         images: &[ImageInput],
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<bool, EngineError> {
-        let (rows, positions) = self.turn_rows(prompt, images)?;
+        let Some((rows, positions)) = self.turn_rows_until(prompt, images, interrupt)? else {
+            return Ok(false);
+        };
         if positions.is_empty() {
             return Ok(true);
         }
