@@ -23,12 +23,13 @@ use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate, ImageSlot, Pos3, SystemOptions, UserTurn};
 use crate::engine::{
-    Backend, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError, ImageInput,
-    StateBlob,
+    Backend, ConstraintOutcome, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError,
+    ImageInput, StateBlob,
 };
 use crate::package::{ChatConfig, ChatFormat, Dialect};
 use crate::sampler::{Sampler, SamplingParams};
 use crate::stream::{Completion, Event, FinishReason, StreamConfig};
+use crate::structured::{JsonSchema, JsonSchemas, SchemaError};
 
 /// Errors of opening a model or answering a turn.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,9 @@ pub enum AssistantError {
     /// The turn itself is unusable (empty text, images for a text-only model, ...).
     #[error("invalid turn: {0}")]
     Turn(String),
+    /// The turn's JSON schema cannot be used ([`Turn::json_schema`]).
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
     /// An [`crate::interrupt::Interrupt`] stopped the work before `step` (a graph call or a
     /// load step); the calls before it completed, none after it ran.
     #[error("interrupted before {step}")]
@@ -146,6 +150,15 @@ pub struct Turn {
     /// it. A snapshot copies the whole decode state out of device memory (an INVALIDATE of
     /// every cache buffer, tens of MB on the 4B), so only a turn that may be continued asks.
     pub keep: bool,
+    /// Structured output: the answer is a JSON value valid under this schema, compiled by
+    /// [`Assistant::json_schemas`] — a front end compiles it before queueing, so a bad schema
+    /// is refused at once. Tools and stop strings cannot go with it
+    /// ([`Turn::check_json_schema`]). The front end also decides, per request: thinking off
+    /// unless the request turns it on (then the think block is free and the constraint starts
+    /// at the answer's first token), and the repetition / frequency / presence penalties off
+    /// unless the request sets them (JSON repeats its punctuation). [`Reply::constraint`]
+    /// says whether the value was completed.
+    pub json_schema: Option<Arc<JsonSchema>>,
 }
 
 impl Turn {
@@ -165,7 +178,23 @@ impl Turn {
             cancel: None,
             started: Instant::now(),
             keep: false,
+            json_schema: None,
         }
+    }
+
+    /// What cannot go with a JSON schema in one turn: tools (Qwen3.5's tool calls are XML,
+    /// not JSON) and stop strings (they could cut the value). `Ok` without a schema.
+    pub fn check_json_schema(&self) -> Result<(), SchemaError> {
+        if self.json_schema.is_none() {
+            return Ok(());
+        }
+        if !self.tools.is_empty() {
+            return Err(SchemaError::Conflict("tools"));
+        }
+        if !self.stop.is_empty() {
+            return Err(SchemaError::Conflict("stop strings"));
+        }
+        Ok(())
     }
 }
 
@@ -204,6 +233,17 @@ pub struct Reply {
     pub conversation: Option<Conversation>,
     /// Seed the sampler used (reproduce a sampled answer with it).
     pub seed: u64,
+    /// With a [`Turn::json_schema`]: whether the answer is a complete value. `Incomplete`
+    /// (cut by `max_new_tokens` or the window end) is a failure with the partial text:
+    /// `finish_reason` `length`, error `incomplete`. `None` for free text.
+    pub constraint: Option<ConstraintOutcome>,
+}
+
+impl Reply {
+    /// A structured answer that ended before its value did ([`Reply::constraint`]).
+    pub fn is_incomplete(&self) -> bool {
+        self.constraint == Some(ConstraintOutcome::Incomplete)
+    }
 }
 
 /// What the backend's decode state currently holds, to skip needless restores.
@@ -226,6 +266,8 @@ pub struct Assistant {
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
+    /// The model's JSON-schema compiler (token table built on first use).
+    schemas: Arc<JsonSchemas>,
 }
 
 impl std::fmt::Debug for Assistant {
@@ -324,6 +366,7 @@ impl Assistant {
             vision = ?info.image_side,
             "model opened"
         );
+        let schemas = Arc::new(JsonSchemas::new(tokenizer.clone(), bi.vocab));
         Ok(Self {
             engine: Engine::new(backend, tokenizer),
             template,
@@ -332,6 +375,7 @@ impl Assistant {
             prefix: None,
             resident: Resident::Unknown,
             snapshots: 0,
+            schemas,
         })
     }
 
@@ -379,6 +423,12 @@ impl Assistant {
         self.snapshots
     }
 
+    /// The JSON-schema compiler of this model, for [`Turn::json_schema`]. `Send + Sync`: a
+    /// front end keeps a clone on its request thread and compiles (refuses) there.
+    pub fn json_schemas(&self) -> Arc<JsonSchemas> {
+        Arc::clone(&self.schemas)
+    }
+
     /// Direct engine access (tests, benchmarks). Invalidates the resident-state shortcut.
     pub fn engine_mut(&mut self) -> &mut Engine<AnyBackend> {
         self.resident = Resident::Unknown;
@@ -395,6 +445,16 @@ impl Assistant {
     ) -> Result<Reply, AssistantError> {
         if turn.text.trim().is_empty() {
             return Err(AssistantError::Turn("the prompt is empty".into()));
+        }
+        turn.check_json_schema()?;
+        if let Some(schema) = &turn.json_schema {
+            if schema.vocab() != self.info.vocab {
+                return Err(SchemaError::Vocabulary {
+                    schema: schema.vocab(),
+                    model: self.info.vocab,
+                }
+                .into());
+            }
         }
         let slot = match (turn.images.is_empty(), self.info.image_side) {
             (true, _) => None,
@@ -438,6 +498,7 @@ impl Assistant {
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         let seed = sampler.seed();
         let qwen = *self.template.dialect() == Dialect::Qwen35;
+        let structured = turn.json_schema.is_some();
         let stream = StreamConfig {
             eos: if turn.use_default_stop {
                 self.eos.clone()
@@ -450,21 +511,34 @@ impl Assistant {
             cancel: turn.cancel.clone(),
             think_split: qwen,
             starts_in_think: prompt.starts_in_think,
-            tool_calls: qwen || !turn.tools.is_empty(),
+            tool_calls: !structured && (qwen || !turn.tools.is_empty()),
             tools: turn.tools.clone(),
-            verbatim_answer: false,
-            think_end: None,
+            verbatim_answer: structured,
+            think_end: self.template.markers().think_end,
             prompt_tokens: 0,
             started: turn.started,
         };
-        let mut gen = self.engine.generate(
-            &prompt,
-            &turn.images,
-            &mut sampler,
-            stream,
-            DecodeOptions::default(),
-            on_event,
-        )?;
+        let mut gen = match &turn.json_schema {
+            Some(schema) => {
+                let mut constraint = schema.constraint(&stream.eos);
+                self.engine.generate_constrained(
+                    &prompt,
+                    &turn.images,
+                    &mut sampler,
+                    &mut constraint,
+                    stream,
+                    on_event,
+                )?
+            }
+            None => self.engine.generate(
+                &prompt,
+                &turn.images,
+                &mut sampler,
+                stream,
+                DecodeOptions::default(),
+                on_event,
+            )?,
+        };
         gen.completion.timings.prompt_tokens += prefix_rows;
         let finished = matches!(
             gen.completion.finish_reason,
@@ -491,6 +565,7 @@ impl Assistant {
             completion: gen.completion,
             conversation,
             seed,
+            constraint: gen.constraint,
         })
     }
 

@@ -29,6 +29,8 @@ use std::panic::catch_unwind;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use llguidance::api::{StopReason, TopLevelGrammar};
+use llguidance::earley::SlicedBiasComputer;
+use llguidance::toktrie::InferenceCapabilities;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::{json, Value};
@@ -163,16 +165,31 @@ fn build_factory(tok: &Arc<Tokenizer>, vocab: usize) -> Result<Arc<ParserFactory
         trie,
         tokenizer: Arc::clone(tok),
     });
-    let mut factory =
-        ParserFactory::new_simple(&env).map_err(|e| SchemaError::Tokenizer(e.to_string()))?;
-    // A library prints nothing; warnings are read from the matcher and logged.
+    let mut factory = ParserFactory::new(&env, InferenceCapabilities::default(), &slices())
+        .map_err(|e| SchemaError::Tokenizer(e.to_string()))?;
+    // A library prints nothing; warnings are read from the matcher and logged. Errors name
+    // the reason without the parser's state dump (they reach clients).
     factory.quiet();
+    factory.limits_mut().verbose_errors = false;
     tracing::info!(
         vocab,
         ms = t0.elapsed().as_millis() as u64,
         "constrained decoding: token table built"
     );
     Ok(Arc::new(factory))
+}
+
+/// Token-set slices llguidance precomputes: its JSON ones (whitespace, string bodies of up
+/// to 10, 30 or any characters) plus shorter bodies. A string position with `r` characters
+/// left under `maxLength` can take a whole precomputed slice only if the slice's strings fit
+/// in `r`; without the short ones the last 9 characters of every bounded string cost a walk
+/// of the whole token trie (several ms over 248k tokens).
+fn slices() -> Vec<String> {
+    let mut s = SlicedBiasComputer::json_slices();
+    for k in [1, 2, 3, 4, 6, 8] {
+        s.push(format!(r#"[^"\\\x00-\x1F\x7F]{{1,{k}}}"#));
+    }
+    s
 }
 
 /// The JSON options of every schema: compact output, strict keywords.

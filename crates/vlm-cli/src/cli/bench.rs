@@ -9,7 +9,10 @@
 //! `--host-overhead` (sim packages): graph time forced to zero, the per-token cost of
 //! everything but the graph — embedding row, rope tables, mask, input writes and CLEAN, logits
 //! INVALIDATE and dequantisation, sampling, detokenisation — for greedy and for the model
-//! card's non-thinking sampling.
+//! card's non-thinking sampling. With `--json-schema FILE` it adds the host time per decode
+//! step with that schema active, median and p95, next to free text (`steps`).
+
+mod steps;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -66,6 +69,11 @@ pub struct BenchArgs {
     /// Decode steps per host-overhead run.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub steps: usize,
+    /// With --host-overhead: also time each decode step with this JSON schema active
+    /// (structured output), next to free text. Use the package's real tokenizer: the mask
+    /// cost grows with the vocabulary.
+    #[arg(long, value_name = "FILE", requires = "host_overhead")]
+    pub json_schema: Option<PathBuf>,
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -372,7 +380,16 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
             "runs_host_ms": host,
         }));
     }
-    let r = json!({
+    let structured = match &args.json_schema {
+        Some(file) => Some(steps::schema_overhead(
+            &mut s,
+            file,
+            args.steps,
+            args.repeats.max(1),
+        )?),
+        None => None,
+    };
+    let mut r = json!({
         "package": args.package,
         "vocab": info.vocab,
         "hidden": info.hidden,
@@ -382,6 +399,9 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         "repeats": args.repeats.max(1),
         "results": rows,
     });
+    if let Some(j) = &structured {
+        r["json_schema"] = j.clone();
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer(&mut out, &r)?;
@@ -406,6 +426,33 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
             row["host_ms_per_token"].as_f64().unwrap_or(f64::NAN),
             row["graph_call_ms_per_token"].as_f64().unwrap_or(f64::NAN)
         )?;
+    }
+    if let Some(j) = &structured {
+        writeln!(
+            out,
+            "per decode step with JSON schema {} ({} bytes; token table {:.0} ms, compile {:.1} ms), median / p95 ms",
+            args.json_schema.as_deref().unwrap_or(Path::new("")).display(),
+            j["bytes"],
+            j["token_table_ms"].as_f64().unwrap_or(f64::NAN),
+            j["compile_ms"].as_f64().unwrap_or(f64::NAN)
+        )?;
+        let f = |v: &serde_json::Value| {
+            format!(
+                "{:.4} / {:.4}",
+                v["median"].as_f64().unwrap_or(f64::NAN),
+                v["p95"].as_f64().unwrap_or(f64::NAN)
+            )
+        };
+        for row in j["results"].as_array().into_iter().flatten() {
+            writeln!(
+                out,
+                "  {:<13} free text {}   schema {}   (constraint alone {})",
+                row["sampling"].as_str().unwrap_or(""),
+                f(&row["free_text_host_ms_per_step"]),
+                f(&row["json_schema_host_ms_per_step"]),
+                f(&row["json_schema_constraint_ms_per_step"])
+            )?;
+        }
     }
     Ok(())
 }

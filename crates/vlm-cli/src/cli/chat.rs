@@ -1,8 +1,13 @@
 //! `vlm chat <PACKAGE | --hf DIR> [--image PATH]... [--no-think] [sampling flags]`: one turn
 //! with `--prompt`, else a REPL on stdin that keeps the conversation (one line per turn).
+//!
+//! `--json-schema FILE` constrains every answer to a JSON Schema (structured output): thinking
+//! off unless `--think`, penalties off unless set, no tools or stop strings; an answer cut by
+//! `--max-new-tokens` before its value is complete is an error (`incomplete`).
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -13,6 +18,7 @@ use vlm::assistant::{Assistant, Conversation, Reply, Turn};
 use vlm::engine::ImageInput;
 use vlm::sampler::SamplingParams;
 use vlm::stream::Event;
+use vlm::structured::JsonSchema;
 use vlm::vision::RgbImage;
 use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
@@ -37,6 +43,14 @@ pub struct ChatArgs {
     /// Answer without thinking (the empty think block).
     #[arg(long)]
     pub no_think: bool,
+    /// Think before answering: the default, except with --json-schema, where this turns the
+    /// think block on (the constraint then starts at the answer).
+    #[arg(long, conflicts_with = "no_think")]
+    pub think: bool,
+    /// Constrain each answer to this JSON Schema (structured output). Bound strings and
+    /// arrays (maxLength, maxItems) so a value fits --max-new-tokens.
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<PathBuf>,
     /// System prompt (default: the package's).
     #[arg(long, value_name = "TEXT")]
     pub system: Option<String>,
@@ -96,12 +110,28 @@ fn load_image(path: &Path) -> anyhow::Result<ImageInput> {
 }
 
 impl ChatArgs {
-    fn sampling(&self) -> SamplingParams {
-        let mut s = if self.no_think {
-            SamplingParams::qwen35_non_thinking()
+    /// Thinking on: by default, but with a schema only when asked (`--think`).
+    fn thinking(&self) -> bool {
+        if self.json_schema.is_some() {
+            self.think
         } else {
+            !self.no_think
+        }
+    }
+
+    fn sampling(&self) -> SamplingParams {
+        let mut s = if self.thinking() {
             SamplingParams::qwen35_thinking()
+        } else {
+            SamplingParams::qwen35_non_thinking()
         };
+        if self.json_schema.is_some() {
+            // The model card's presence penalty would push the value away from the
+            // punctuation JSON repeats: penalties only when asked for.
+            s.presence_penalty = 0.0;
+            s.frequency_penalty = 0.0;
+            s.repetition_penalty = 1.0;
+        }
         let set = |dst: &mut f32, v: Option<f32>| {
             if let Some(v) = v {
                 *dst = v;
@@ -129,7 +159,7 @@ fn print_reply(reply: &Reply, json: bool, out: &mut impl Write) -> anyhow::Resul
     let c = &reply.completion;
     if json {
         let calls: Vec<_> = c.tool_calls.iter().map(|t| t.to_json()).collect();
-        let o = json!({
+        let mut o = json!({
             "answer": c.text,
             "reasoning": c.reasoning,
             "tool_calls": calls,
@@ -141,6 +171,14 @@ fn print_reply(reply: &Reply, json: bool, out: &mut impl Write) -> anyhow::Resul
             "decode_tokens_per_s": c.timings.decode_tokens_per_s,
             "seed": reply.seed,
         });
+        if reply.constraint.is_some() {
+            // `answer` holds the JSON text; a cut one is a failure with the partial text.
+            let incomplete = reply.is_incomplete();
+            o["json_schema"] = json!(if incomplete { "incomplete" } else { "complete" });
+            if incomplete {
+                o["error"] = json!("incomplete");
+            }
+        }
         serde_json::to_writer(&mut *out, &o)?;
         writeln!(out)?;
     } else {
@@ -187,6 +225,19 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         }
         None => Vec::new(),
     };
+    if args.json_schema.is_some() && !tools.is_empty() {
+        bail!("--json-schema cannot be combined with --tools (tool calls are XML, not JSON)");
+    }
+    if args.json_schema.is_some() && !args.stop.is_empty() {
+        bail!("--json-schema cannot be combined with --stop (a stop string could cut the value)");
+    }
+    let schema_text = match &args.json_schema {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the JSON schema {}", p.display()))?,
+        ),
+        None => None,
+    };
     let mut images = args
         .image
         .iter()
@@ -194,12 +245,22 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let mut assistant = open_assistant(&source, &opts)
         .with_context(|| format!("opening {}", source.dir().display()))?;
+    let schema: Option<Arc<JsonSchema>> = match (&schema_text, &args.json_schema) {
+        (Some(text), Some(p)) => Some(
+            assistant
+                .json_schemas()
+                .compile(text)
+                .with_context(|| format!("JSON schema {}", p.display()))?,
+        ),
+        _ => None,
+    };
     let mut conversation: Option<Conversation> = None;
     let stdout = std::io::stdout();
     let turn_of = |text: String, images: Vec<ImageInput>| {
         let mut t = Turn::new(text, args.max_new_tokens);
         t.images = images;
-        t.thinking = !args.no_think;
+        t.thinking = args.thinking();
+        t.json_schema = schema.clone();
         t.system = args.system.clone();
         t.tools = tools.clone();
         t.sampling = args.sampling();
@@ -233,8 +294,15 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
             write!(out, "</think>")?;
         }
         print_reply(&reply, json, &mut out)?;
+        let incomplete = reply.is_incomplete();
         if let Some(c) = reply.conversation {
             *conversation = Some(c);
+        }
+        if incomplete {
+            bail!(
+                "incomplete: --max-new-tokens {} ended the answer before its JSON value",
+                turn.max_new_tokens
+            );
         }
         Ok(())
     };

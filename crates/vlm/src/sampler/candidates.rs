@@ -79,12 +79,15 @@ pub fn argmax(logits: &[f32]) -> Option<u32> {
     best_i.map(|i| i as u32)
 }
 
-/// The `n` largest logits (unordered) into `out`; NaN never qualifies.
+/// The `n` largest logits (unordered) into `out`; NaN and `-inf` never qualify (neither can
+/// be drawn), so fewer than `n` come out of a row with fewer finite logits.
 ///
 /// Two vectorised-friendly passes instead of a heap (whose unpredictable sift branches
 /// cost more than the scan): block maxima, then `t` = the n-th largest block maximum —
 /// at least `n` logits are ≥ `t`, one per such block — and only blocks whose maximum
-/// reaches `t` are scanned for values ≥ `t`; a final selection trims to `n`.
+/// reaches `t` are scanned for values ≥ `t`; a final selection trims to `n`. A block whose
+/// maximum is `-inf` is never scanned: a masked row (constrained decoding, every forbidden
+/// logit `-inf`) costs the block maxima plus the blocks that hold allowed ids.
 pub(super) fn top_n(
     logits: &[f32],
     n: usize,
@@ -104,7 +107,7 @@ pub(super) fn top_n(
             logits
                 .iter()
                 .enumerate()
-                .filter(|(_, v)| !v.is_nan())
+                .filter(|(_, &v)| v > f32::NEG_INFINITY)
                 .map(|(i, &v)| (v, i as u32)),
         );
     } else {
@@ -113,13 +116,13 @@ pub(super) fn top_n(
         sel.select_nth_unstable_by(n - 1, |a, b| b.total_cmp(a));
         let t = sel[n - 1];
         for (bi, block) in logits.chunks(BLOCK).enumerate() {
-            if maxima[bi] >= t {
+            if maxima[bi] >= t && maxima[bi] > f32::NEG_INFINITY {
                 let base = bi * BLOCK;
                 out.extend(
                     block
                         .iter()
                         .enumerate()
-                        .filter(|(_, &v)| v >= t)
+                        .filter(|(_, &v)| v >= t && v > f32::NEG_INFINITY)
                         .map(|(j, &v)| (v, (base + j) as u32)),
                 );
             }
@@ -223,7 +226,11 @@ mod tests {
             let row = awkward_row(&mut rng);
             assert_eq!(argmax(&row), reference_argmax(&row), "case {case}");
 
-            let mut sorted: Vec<f32> = row.iter().copied().filter(|v| !v.is_nan()).collect();
+            let mut sorted: Vec<f32> = row
+                .iter()
+                .copied()
+                .filter(|&v| v > f32::NEG_INFINITY)
+                .collect();
             sorted.sort_by(|a, b| b.total_cmp(a));
             for n in [0, 1, 2, 20, 512, rng.random_range(0..row.len() + 2)] {
                 top_n(&row, n, &mut out, &mut maxima, &mut sel);
