@@ -40,13 +40,20 @@ fn reply(out: &Output) -> Value {
 fn the_answer_is_the_value() {
     for seed in ["1", "2", "3"] {
         let out = chat(&["--json", "--temperature", "1", "--seed", seed]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let r = reply(&out);
         assert_eq!(r["json_schema"], "complete");
         assert_eq!(r["finish_reason"], "stop");
         assert_eq!(r["reasoning"], "", "thinking is off with a schema");
         let v: Value = serde_json::from_str(r["answer"].as_str().unwrap()).unwrap();
-        assert!(matches!(v["object"].as_str(), Some("cup" | "person")), "{v}");
+        assert!(
+            matches!(v["object"].as_str(), Some("cup" | "person")),
+            "{v}"
+        );
         assert!(v["count"].as_u64().is_some_and(|n| n <= 9), "{v}");
     }
 }
@@ -80,5 +87,8 @@ fn conflicts_and_bad_schemas_are_refused() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("cannot be enforced") && err.contains("if"), "{err}");
+    assert!(
+        err.contains("cannot be enforced") && err.contains("if"),
+        "{err}"
+    );
 }

@@ -298,10 +298,7 @@ fn verbatim_answers_keep_markers_and_end_think_only_at_the_token() {
     assert!(r.done.reasoning.is_empty() && r.done.tool_calls.is_empty());
 
     // Spelled out of pieces, `</think>` is reasoning text; the token ends the block.
-    let spelled: Vec<u32> = "</think>"
-        .chars()
-        .map(|c| ids(&c.to_string())[0])
-        .collect();
+    let spelled: Vec<u32> = "</think>".chars().map(|c| ids(&c.to_string())[0]).collect();
     let mut toks = ids("plan ");
     toks.extend(&spelled);
     toks.push(think_end);
@@ -313,11 +310,19 @@ fn verbatim_answers_keep_markers_and_end_think_only_at_the_token() {
         answering.push(s.answering());
         assert_eq!(s.push(id, &mut |e| events.push(e)).unwrap(), Action::Feed);
     }
-    let done = s.finish(FinishReason::Stop, &mut |e| events.push(e)).unwrap();
+    let done = s
+        .finish(FinishReason::Stop, &mut |e| events.push(e))
+        .unwrap();
     assert_eq!(done.reasoning, "plan </think>");
     assert_eq!(done.text, r#"["</think>"]"#);
     let at = toks.iter().position(|&t| t == think_end).unwrap();
-    assert!(answering[..=at].iter().all(|a| !a), "reasoning until the token");
-    assert!(answering[at + 1..].iter().all(|&a| a), "answering right after it");
+    assert!(
+        answering[..=at].iter().all(|a| !a),
+        "reasoning until the token"
+    );
+    assert!(
+        answering[at + 1..].iter().all(|&a| a),
+        "answering right after it"
+    );
     assert_eq!(done.tokens, toks);
 }

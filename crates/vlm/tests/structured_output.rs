@@ -61,7 +61,9 @@ fn free_text_is_unaffected() {
             "tiny-sym",
             3,
             true,
-            &[628, 574, 66, 236, 190, 249, 233, 86, 307, 2, 593, 444, 41, 242],
+            &[
+                628, 574, 66, 236, 190, 249, 233, 86, 307, 2, 593, 444, 41, 242,
+            ],
         ),
         (
             "tiny-4b",
@@ -92,7 +94,10 @@ fn free_text_is_unaffected() {
             ..SamplingParams::qwen35_non_thinking()
         };
         let r = a.ask(None, &t, &mut |_| {}).unwrap();
-        assert_eq!(r.completion.tokens, want, "{model} seed {seed} thinking {thinking}");
+        assert_eq!(
+            r.completion.tokens, want,
+            "{model} seed {seed} thinking {thinking}"
+        );
         assert_eq!(r.constraint, None);
     }
 }

@@ -115,7 +115,10 @@ impl Seen {
         assert_eq!(self.verdicts.len(), 3, "{self:?}");
         assert!(self.counts.len() >= 4, "{self:?}");
         assert!(self.negatives.len() >= 2, "{self:?}");
-        assert!(self.optional_present > 0 && self.optional_absent > 0, "{self:?}");
+        assert!(
+            self.optional_present > 0 && self.optional_absent > 0,
+            "{self:?}"
+        );
         assert!(self.label_lens.len() >= 3, "{self:?}");
         assert_eq!(self.booleans.len(), 2, "{self:?}");
         assert_eq!(self.kinds.len(), 2, "{self:?}");
@@ -169,8 +172,18 @@ fn answers_validate(a: &mut Assistant, seeds: std::ops::Range<u64>) -> Seen {
         let r = a.ask(None, t, &mut |_| {}).unwrap();
         let c = &r.completion;
         let seed = r.seed;
-        assert_eq!(r.constraint, Some(ConstraintOutcome::Complete), "seed {seed}: {:?}", c.text);
-        assert_eq!(c.finish_reason, FinishReason::Stop, "seed {seed}: {:?}", c.text);
+        assert_eq!(
+            r.constraint,
+            Some(ConstraintOutcome::Complete),
+            "seed {seed}: {:?}",
+            c.text
+        );
+        assert_eq!(
+            c.finish_reason,
+            FinishReason::Stop,
+            "seed {seed}: {:?}",
+            c.text
+        );
         assert!(c.reasoning.is_empty(), "seed {seed}: thinking is off");
         let v: Value = serde_json::from_str(&c.text)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}: {:?}", c.text));
@@ -185,7 +198,9 @@ fn answers_validate(a: &mut Assistant, seeds: std::ops::Range<u64>) -> Seen {
         .compile(r#"{"type":"integer","minimum":-30,"maximum":-10}"#)
         .unwrap();
     for seed in 0..4 {
-        let r = a.ask(None, &schema_turn(&negative, seed, 8), &mut |_| {}).unwrap();
+        let r = a
+            .ask(None, &schema_turn(&negative, seed, 8), &mut |_| {})
+            .unwrap();
         let n: i64 = r.completion.text.parse().unwrap();
         assert!((-30..=-10).contains(&n), "{n}");
         seen.negatives.insert(n);
@@ -207,7 +222,11 @@ fn thinking_then_value(a: &mut Assistant, seeds: std::ops::Range<u64>) {
         t.sampling.logit_bias = vec![(think_end, 4.0)];
         let r = a.ask(None, &t, &mut |_| {}).unwrap();
         let c = &r.completion;
-        assert_eq!(r.constraint, Some(ConstraintOutcome::Complete), "seed {seed}: {c:?}");
+        assert_eq!(
+            r.constraint,
+            Some(ConstraintOutcome::Complete),
+            "seed {seed}: {c:?}"
+        );
         assert!(c.tokens.contains(&think_end), "seed {seed}");
         let v: Value = serde_json::from_str(&c.text)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}: {:?}", c.text));
@@ -222,12 +241,18 @@ fn thinking_then_value(a: &mut Assistant, seeds: std::ops::Range<u64>) {
 fn cut_answer_is_incomplete(a: &mut Assistant) {
     let schema = a.json_schemas().compile(SCHEMA).unwrap();
     for seed in 0..4 {
-        let r = a.ask(None, &schema_turn(&schema, seed, 4), &mut |_| {}).unwrap();
+        let r = a
+            .ask(None, &schema_turn(&schema, seed, 4), &mut |_| {})
+            .unwrap();
         let c = &r.completion;
         assert!(r.is_incomplete(), "seed {seed}: {c:?}");
         assert_eq!(c.finish_reason, FinishReason::Length);
         assert!(c.text.starts_with('{'), "{:?}", c.text);
-        assert!(serde_json::from_str::<Value>(&c.text).is_err(), "{:?}", c.text);
+        assert!(
+            serde_json::from_str::<Value>(&c.text).is_err(),
+            "{:?}",
+            c.text
+        );
     }
 }
 
@@ -241,7 +266,11 @@ fn schema_per_turn(a: &mut Assistant) {
     let mut t = schema_turn(&gate, 5, 20);
     t.keep = true;
     let r1 = a.ask(None, &t, &mut |_| {}).unwrap();
-    assert!(matches!(r1.completion.text.as_str(), "\"yes\"" | "\"no\""), "{:?}", r1.completion.text);
+    assert!(
+        matches!(r1.completion.text.as_str(), "\"yes\"" | "\"no\""),
+        "{:?}",
+        r1.completion.text
+    );
     let mut free = Turn::new("And why?", 12);
     free.keep = true;
     let r2 = a.ask(r1.conversation.as_ref(), &free, &mut |_| {}).unwrap();
@@ -250,7 +279,10 @@ fn schema_per_turn(a: &mut Assistant) {
     t.keep = true;
     let r3 = a.ask(r2.conversation.as_ref(), &t, &mut |_| {}).unwrap();
     let v: Value = serde_json::from_str(&r3.completion.text).unwrap();
-    assert!(v["count"].as_i64().is_some_and(|n| (0..=9).contains(&n)), "{v}");
+    assert!(
+        v["count"].as_i64().is_some_and(|n| (0..=9).contains(&n)),
+        "{v}"
+    );
     assert_eq!(r3.conversation.unwrap().turns(), 3);
 }
 
@@ -280,7 +312,9 @@ fn refusals(a: &mut Assistant) {
     t.stop = vec!["}".into()];
     assert!(matches!(
         a.ask(None, &t, &mut |_| {}),
-        Err(AssistantError::Schema(SchemaError::Conflict("stop strings")))
+        Err(AssistantError::Schema(SchemaError::Conflict(
+            "stop strings"
+        )))
     ));
     let mut t = schema_turn(&schema, 1, 8);
     t.tools = vec![serde_json::json!({"type": "function", "function": {"name": "look"}})];
@@ -289,5 +323,8 @@ fn refusals(a: &mut Assistant) {
         Err(AssistantError::Schema(SchemaError::Conflict("tools")))
     ));
     // Compiled once per text: the same text is the same compiled schema.
-    assert!(Arc::ptr_eq(&schema, &schemas.compile(r#"{"type":"boolean"}"#).unwrap()));
+    assert!(Arc::ptr_eq(
+        &schema,
+        &schemas.compile(r#"{"type":"boolean"}"#).unwrap()
+    ));
 }
