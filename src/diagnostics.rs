@@ -1,7 +1,9 @@
 //! `/diagnostics` (diagnostic_msgs/DiagnosticArray) at the configured period: model, backend,
 //! state, queue depth, requests served/failed, last TTFT and tok/s, sessions, decode-state
 //! snapshots taken, simulator counters. Also warns (log and so `/rosout`) when a camera topic
-//! has publishers but no frame has arrived for a while, naming the usual causes.
+//! has publishers but no frame has arrived for a while, naming the usual causes. The level,
+//! message and hardware id are judged in [`crate::health`]; every string is made safe for r2r
+//! ([`crate::ros_text`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -13,9 +15,13 @@ use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
 
 use crate::clock;
+use crate::fatal;
+use crate::health::{self, NulWatch, Observed};
 use crate::node::NodeOps;
 use crate::registry::Registry;
-use crate::worker::{SharedStats, WorkerState};
+use crate::ros_text::{replaced_total, ros_text_uncounted};
+use crate::test_hooks::{self, Site};
+use crate::worker::SharedStats;
 
 pub const TOPIC: &str = "/diagnostics";
 
@@ -43,36 +49,53 @@ pub const SILENT_CAMERA: Duration = Duration::from_secs(3);
 /// How often one silent topic is warned about again.
 const SILENT_REPEAT: Duration = Duration::from_secs(30);
 
-const OK: u8 = 0;
-const ERROR: u8 = 2;
-
+/// What a status is made of; cloned for the node's last word after a runtime failure.
+#[derive(Clone)]
 pub struct Diagnostics {
     pub publisher: Publisher<DiagnosticArray>,
     pub stats: SharedStats,
     pub registry: Arc<Registry>,
     pub cameras: Option<Arc<CameraCache>>,
     pub ops: NodeOps,
+    /// `queue_depth`: a registry holding this many requests is saturated.
+    pub queue_depth: usize,
+    /// `max_image_age_s` as a limit (`None` = none): the default camera's latest frame
+    /// older than this is stale.
+    pub max_image_age: Option<Duration>,
 }
 
 fn kv(key: &str, value: impl ToString) -> KeyValue {
     KeyValue {
-        key: key.to_owned(),
-        value: value.to_string(),
+        key: ros_text_uncounted(key),
+        value: ros_text_uncounted(value.to_string()),
     }
 }
 
-/// The status entry for the current counters.
-pub fn status(d: &Diagnostics) -> DiagnosticStatus {
+/// The status entry for the current counters; `nuls` remembers when NULs were last replaced.
+pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     let s = d
         .stats
         .lock()
         .map(|g| g.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
-    let (level, message) = match &s.state {
-        WorkerState::Failed(e) => (ERROR, format!("model failed to load: {e}")),
-        WorkerState::Loading => (OK, "loading".to_owned()),
-        st => (OK, st.as_str().to_owned()),
-    };
+    let now = Instant::now();
+    let nul_total = replaced_total();
+    let queued = d.registry.len();
+    let (level, message) = health::assess(&Observed {
+        state: &s.state,
+        fatal: fatal::reason(),
+        queued,
+        queue_depth: d.queue_depth,
+        silent: d
+            .cameras
+            .as_ref()
+            .map_or_else(Vec::new, |c| c.silent_topics(now, SILENT_CAMERA)),
+        stale_default: d
+            .cameras
+            .as_ref()
+            .and_then(|c| stale_default(c, d.max_image_age, now)),
+        recent_nuls: nuls.observe(nul_total, now),
+    });
     let mut values = vec![
         kv("state", s.state.as_str()),
         kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
@@ -87,9 +110,12 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
                 .map_or(String::new(), |m| m.dir.display().to_string()),
         ),
         kv("context", s.model.as_ref().map_or(0, |m| m.context)),
-        kv("queue_depth", d.registry.len()),
+        kv("queue_depth", queued),
+        kv("queue_capacity", d.queue_depth),
         kv("requests_served", s.served),
         kv("requests_failed", s.failed),
+        kv("internal_errors", s.internal_errors),
+        kv("nul_replaced", nul_total),
         kv("last_ttft_s", format!("{:.4}", s.last_ttft_s)),
         kv(
             "last_decode_tokens_per_s",
@@ -113,13 +139,37 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
     }
     DiagnosticStatus {
         level,
-        name: status_name(),
-        message,
-        hardware_id: s
-            .model
-            .as_ref()
-            .map_or(String::new(), |m| m.backend.as_str().to_owned()),
+        name: ros_text_uncounted(status_name()),
+        message: ros_text_uncounted(message),
+        hardware_id: ros_text_uncounted(health::hardware_id(s.model.as_ref())),
         values,
+    }
+}
+
+/// The default camera, its latest frame's age and the limit, when that frame is too old for
+/// an ask that names no camera.
+fn stale_default(
+    c: &CameraCache,
+    max_age: Option<Duration>,
+    now: Instant,
+) -> Option<(Arc<str>, Duration, Duration)> {
+    let max_age = max_age?;
+    let topic = c.default_camera()?;
+    let age = c.latest(topic)?.age(now);
+    (age > max_age).then(|| (Arc::from(topic), age, max_age))
+}
+
+/// Publishes the current status once.
+pub fn publish(d: &Diagnostics, nuls: &mut NulWatch) {
+    let msg = DiagnosticArray {
+        header: Header {
+            stamp: clock::now(),
+            frame_id: String::new(),
+        },
+        status: vec![status(d, nuls)],
+    };
+    if let Err(e) = d.publisher.publish(&msg) {
+        tracing::debug!(error = %e, "could not publish diagnostics");
     }
 }
 
@@ -127,18 +177,11 @@ pub fn status(d: &Diagnostics) -> DiagnosticStatus {
 pub async fn run(d: Diagnostics, period: Duration) {
     let mut tick = tokio::time::interval(period);
     let mut watch = SilentWatch::default();
+    let mut nuls = NulWatch::default();
     loop {
         tick.tick().await;
-        let msg = DiagnosticArray {
-            header: Header {
-                stamp: clock::now(),
-                frame_id: String::new(),
-            },
-            status: vec![status(&d)],
-        };
-        if let Err(e) = d.publisher.publish(&msg) {
-            tracing::debug!(error = %e, "could not publish diagnostics");
-        }
+        test_hooks::point(Site::Diagnostics);
+        publish(&d, &mut nuls);
         if let Some(c) = &d.cameras {
             silent_cameras(&d.ops, c, &mut watch).await;
         }

@@ -17,8 +17,15 @@
 //!
 //! [`node`] creates the entities, threads and shutdown ([`ask_server`] tracks every `/ask`
 //! task until its response is sent; [`signals`]: SIGINT, SIGTERM); [`diagnostics`] reports on
-//! `/diagnostics`; [`rosout`] sends warnings to `/rosout`; [`embedded`] is the demo model
-//! (`demo_model`); [`log_level`] sets the stderr log level from `--ros-args --log-level`.
+//! `/diagnostics` (the level judged by [`health`]); [`rosout`] sends warnings to `/rosout`;
+//! [`embedded`] is the demo model (`demo_model`); [`log_level`] sets the stderr log level from
+//! `--ros-args --log-level`.
+//!
+//! Failures stay as small as they can: every string bound for a message passes [`ros_text`]
+//! (a NUL from the model cannot panic r2r), each request is served inside
+//! [`panics::contained`] (a panic fails that request only), and what cannot be recovered is
+//! raised in [`fatal`], which decides the exit code ([`test_hooks`] injects panics in debug
+//! builds).
 #![forbid(unsafe_code)]
 
 pub mod ask;
@@ -28,6 +35,7 @@ pub mod clock;
 pub mod diagnostics;
 pub mod embedded;
 pub mod fatal;
+pub mod health;
 pub mod interface;
 pub mod job;
 pub mod limits;

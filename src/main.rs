@@ -4,14 +4,29 @@
 //! through `tracing`, at the level of `--ros-args --log-level` (else `RUST_LOG`, else `info`;
 //! [`bpu_vlm::log_level`]); warnings and errors also go to `/rosout` under the node's name,
 //! whatever the level says.
+//!
+//! Exit codes ([`bpu_vlm::fatal`]), so a supervisor can tell a restart from a fix:
+//! - 0: stopped by SIGINT or SIGTERM;
+//! - 78 (sysexits `EX_CONFIG`): a configuration error — a parameter, a ROS argument or
+//!   name, or a model that cannot be loaded as given; the same settings fail the same way;
+//! - 70 (sysexits `EX_SOFTWARE`): a runtime failure — the BPU backend lost to a graph call
+//!   past `bpu_timeout_s`, a model that could not be reopened after an internal error, a
+//!   panic outside any request, a thread of the node gone; a restart is the remedy.
+//!
+//! Debug builds only: `VLM_NODE_TEST_PANIC` injects panics for the node tests
+//! ([`bpu_vlm::test_hooks`]); release builds do not read it.
+
+use std::process::ExitCode;
 
 use anyhow::Context as _;
+use bpu_vlm::fatal::{EXIT_CONFIG, EXIT_RUNTIME};
+use bpu_vlm::node::NodeError;
 use bpu_vlm::rosout::{self, RosoutTarget};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let rosout_target = RosoutTarget::default();
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -20,7 +35,32 @@ fn main() -> anyhow::Result<()> {
         .with(stderr)
         .with(rosout::layer(rosout_target.clone()))
         .init();
+    // Before any thread starts: a panic outside a request stops the node with exit code 70.
+    bpu_vlm::panics::install_hook();
+    match start(rosout_target) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = exit_code(&e);
+            tracing::error!(exit_code = code, "vlm_node failed: {e:#}");
+            ExitCode::from(code)
+        }
+    }
+}
 
+/// The exit code for why the node stopped ([`NodeError::exit_code`]). Before the node
+/// exists, rcl refusing its arguments or environment is a configuration error; anything
+/// else (the async runtime, the signal handlers) is a runtime failure.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(n) = e.downcast_ref::<NodeError>() {
+        n.exit_code()
+    } else if e.downcast_ref::<r2r::Error>().is_some() {
+        EXIT_CONFIG
+    } else {
+        EXIT_RUNTIME
+    }
+}
+
+fn start(rosout_target: RosoutTarget) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -35,6 +35,7 @@ use crate::ask_server::AskServer;
 use crate::cameras::{self, CameraMsg};
 use crate::diagnostics;
 use crate::embedded;
+use crate::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
@@ -42,7 +43,8 @@ use crate::params::{BackendChoice, Params};
 use crate::registry::Registry;
 use crate::ros_names;
 use crate::rosout::RosoutTarget;
-use crate::worker::{self, Outputs, SharedStats, WorkerConfig, WorkerStats};
+use crate::test_hooks::{self, Site};
+use crate::worker::{self, LoadFailure, Outputs, SharedStats, WorkerConfig, WorkerStats};
 
 /// Name of the thread that owns the model.
 const WORKER_THREAD: &str = "vlm-worker";
@@ -50,6 +52,10 @@ const WORKER_THREAD: &str = "vlm-worker";
 /// How long one `spin_once` may wait; bounds how fast the spin thread notices a stop or a
 /// queued node operation. The wait set wakes on any event, so messages are not delayed.
 const SPIN_PERIOD: Duration = Duration::from_millis(10);
+
+/// After a runtime failure, how long the orderly shutdown may take beyond one graph call
+/// (`bpu_timeout_s`) before the process exits regardless.
+const FATAL_GRACE: Duration = Duration::from_secs(10);
 
 /// Errors that stop the node from starting or shutting down cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +78,20 @@ pub enum NodeError {
     Model(String),
     #[error("the ROS spin thread is gone")]
     SpinGone,
+    /// A runtime failure ([`crate::fatal`]): the engine or a part of the node is gone.
+    #[error("runtime failure: {0}")]
+    Failed(String),
+}
+
+impl NodeError {
+    /// The process exit code for this error ([`crate::fatal`]): a setting that cannot work
+    /// exits with [`EXIT_CONFIG`], anything a restart may cure with [`EXIT_RUNTIME`].
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::Ros { .. } | Self::Param(_) | Self::Cameras(_) | Self::Model(_) => EXIT_CONFIG,
+            Self::Thread(..) | Self::Panicked(_) | Self::SpinGone | Self::Failed(_) => EXIT_RUNTIME,
+        }
+    }
 }
 
 fn ros<T>(action: impl FnOnce() -> String, result: r2r::Result<T>) -> Result<T, NodeError> {
@@ -312,6 +332,7 @@ pub async fn run(
         let mut cancels = cancels;
         async move {
             while let Some(req) = cancels.next().await {
+                test_hooks::point(Site::Cancel);
                 let resp = ask::cancel(&req.message, &registry);
                 if let Err(e) = req.respond(resp) {
                     tracing::warn!(error = %e, "could not send the cancel response");
@@ -319,14 +340,19 @@ pub async fn run(
             }
         }
     }));
+    let diag = diagnostics::Diagnostics {
+        publisher: diag_pub,
+        stats: stats.clone(),
+        registry: registry.clone(),
+        cameras: cameras.clone(),
+        ops: ops.clone(),
+        queue_depth: params.queue_depth,
+        max_image_age: crate::params::time_limit(params.max_image_age_s)
+            .ok()
+            .flatten(),
+    };
     tasks.push(tokio::spawn(diagnostics::run(
-        diagnostics::Diagnostics {
-            publisher: diag_pub,
-            stats: stats.clone(),
-            registry: registry.clone(),
-            cameras: cameras.clone(),
-            ops: ops.clone(),
-        },
+        diag.clone(),
         diagnostics_period,
     )));
 
@@ -356,7 +382,7 @@ pub async fn run(
                     })?;
                     let mut opts = OpenOptions {
                         vision: p.vision,
-                        interrupt: open_interrupt,
+                        interrupt: open_interrupt.clone(),
                         ..OpenOptions::default()
                     };
                     opts.bpu.priority = p.bpu_priority;
@@ -370,8 +396,12 @@ pub async fn run(
 
     tokio::pin!(shutdown);
     let loaded = tokio::select! {
-        r = ready_rx => Some(r.unwrap_or_else(|_| Err("the worker thread stopped".into()))),
+        r = ready_rx => Some(r.unwrap_or_else(|_| Err(LoadFailure {
+            message: "the worker thread stopped before the model was loaded".into(),
+            runtime: true,
+        }))),
         () = &mut shutdown => None,
+        reason = fatal::wait() => Some(Err(LoadFailure { message: reason, runtime: true })),
     };
     let ask_ctx = Arc::new(AskContext {
         params: params.clone(),
@@ -399,15 +429,28 @@ pub async fn run(
                 info.backend,
                 params.ask_service
             );
-            shutdown.await;
+            tokio::select! {
+                () = &mut shutdown => {}
+                reason = fatal::wait() => result = Err(NodeError::Failed(reason)),
+            }
         }
+        Some(Err(e)) if e.runtime => result = Err(NodeError::Failed(e.message)),
         Some(Err(e)) => {
-            tracing::error!("the model could not be loaded: {e}");
-            result = Err(NodeError::Model(e));
+            tracing::error!("the model could not be loaded: {}", e.message);
+            result = Err(NodeError::Model(e.message));
         }
         None => tracing::info!("shutdown requested while loading"),
     }
 
+    if fatal::reason().is_some() {
+        // A stuck driver call must not keep a failed node alive; the ERROR status goes out
+        // before anything is torn down, even when the diagnostics task is what panicked.
+        fatal::exit_after(params.bpu_timeout + FATAL_GRACE);
+        let mut nuls = crate::health::NulWatch::default();
+        if let Err(p) = crate::panics::contained(|| diagnostics::publish(&diag, &mut nuls)) {
+            tracing::error!("the final diagnostics could not be published: {p}");
+        }
+    }
     tracing::info!("shutting down: cancelling live requests, releasing the model, finalising ROS");
     interrupt.raise();
     // Closing the queue first: nothing is admitted after the cancel below. The worker loop
@@ -436,9 +479,13 @@ pub async fn run(
         t.abort();
         let _ = t.await;
     }
+    // A runtime failure raised at any point, shutdown included, decides the exit code.
+    if let (Ok(()), Some(reason)) = (&result, fatal::reason()) {
+        result = Err(NodeError::Failed(reason.to_owned()));
+    }
+    result?;
     joined?;
     spin_result?;
-    result?;
     tracing::info!("vlm_node stopped cleanly");
     Ok(())
 }

@@ -2,22 +2,36 @@
 //! It opens and warms the model, then takes jobs in arrival order; for each it streams the
 //! deltas ([`TokenSink`]), publishes the `Answer` and hands the response back to the waiting
 //! `/ask` task, all read from one [`Outcome`].
+//!
+//! What a failure leaves usable:
+//! - a request that fails (an unreadable image, context overflow, a BPU error) fails alone;
+//! - a panic while serving a request (runtime, sampler, kernel assert, message conversion) is
+//!   contained ([`contained`]): that request fails with `backend_error` ("internal error: …")
+//!   and still gets its `last` Token, its Answer and its response; then the backend state is
+//!   reset, or, when that fails too, the model is dropped and opened again;
+//! - a lost backend (a BPU task timed out, so the runtime refuses further runs) or a model
+//!   that cannot be reopened ends the engine: the worker is marked failed, raises a runtime
+//!   failure ([`fatal`]) and answers every queued and later job with `backend_error` until
+//!   the node closes the queue.
 
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use r2r::Publisher;
-use vlm::assistant::{Assistant, BackendKind, ModelInfo};
+use vlm::assistant::{Assistant, AssistantError, BackendKind, ModelInfo};
 use vlm::interrupt::Interrupt;
 use vlm::stream::{Completion, Event, FinishReason};
 use vlm_bpu::OpenError;
 
+use crate::fatal;
 use crate::interface::ErrorCode;
 use crate::job::{Job, JobPlan};
 use crate::msgs::msg::{Answer, Token};
-use crate::outcome::{Failure, Figures, Outcome};
+use crate::outcome::{Failure, Outcome};
+use crate::panics::{contained, Panic};
 use crate::sessions::Sessions;
+use crate::test_hooks::{self, Site};
 use crate::token_sink::TokenSink;
 
 /// How often an idle worker expires sessions.
@@ -29,6 +43,9 @@ pub enum WorkerState {
     Loading,
     Ready,
     Busy,
+    /// Reopening the model after an internal error.
+    Recovering,
+    /// The engine cannot serve (never loaded, lost, or not reopened); the reason.
     Failed(String),
 }
 
@@ -38,6 +55,7 @@ impl WorkerState {
             Self::Loading => "loading",
             Self::Ready => "ready",
             Self::Busy => "busy",
+            Self::Recovering => "recovering",
             Self::Failed(_) => "error",
         }
     }
@@ -50,6 +68,8 @@ pub struct WorkerStats {
     pub model: Option<ModelInfo>,
     pub served: u64,
     pub failed: u64,
+    /// Requests failed by a contained panic (counted in `failed` too).
+    pub internal_errors: u64,
     pub last_ttft_s: f64,
     pub last_tokens_per_s: f64,
     pub sessions: usize,
@@ -67,6 +87,7 @@ impl Default for WorkerStats {
             model: None,
             served: 0,
             failed: 0,
+            internal_errors: 0,
             last_ttft_s: 0.0,
             last_tokens_per_s: 0.0,
             sessions: 0,
@@ -100,32 +121,58 @@ pub struct WorkerConfig {
     pub interrupt: Interrupt,
 }
 
-/// Runs on the worker thread: `open` builds the assistant there, `ready` reports the outcome
-/// of loading, then jobs are served until the channel closes.
+/// Why the model could not be loaded, and whether a restart could help.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadFailure {
+    pub message: String,
+    /// `true`: the backend was lost or the code panicked while loading (a fresh process may
+    /// succeed); `false`: the model cannot be loaded as configured.
+    pub runtime: bool,
+}
+
+/// What the worker reports when loading ends.
+pub type Ready = Result<ModelInfo, LoadFailure>;
+
+/// Runs on the worker thread: `open` builds the assistant there (again after an internal
+/// error, when resetting the backend is not enough), `ready` reports the outcome of loading,
+/// then jobs are served until the channel closes. A panic that escapes everything below
+/// (outside any request) fails the engine and the node.
 pub fn run(
-    open: impl FnOnce() -> Result<Assistant, OpenError>,
+    open: impl FnMut() -> Result<Assistant, OpenError>,
     config: WorkerConfig,
     jobs: Receiver<Job>,
     outputs: Outputs,
     stats: SharedStats,
-    ready: tokio::sync::oneshot::Sender<Result<ModelInfo, String>>,
+    ready: tokio::sync::oneshot::Sender<Ready>,
 ) {
-    let loaded = open().and_then(|mut a| {
-        a.warm_up(config.warm_up_system.clone(), &config.interrupt)?;
-        Ok(a)
-    });
-    let mut assistant = match loaded {
+    let shared = stats.clone();
+    if let Err(p) = contained(|| serve_all(open, config, jobs, outputs, stats, ready)) {
+        let reason = format!("the worker thread panicked outside any request: {p}");
+        update(&shared, |s| s.state = WorkerState::Failed(reason.clone()));
+        fatal::raise(reason);
+    }
+}
+
+fn serve_all(
+    mut open: impl FnMut() -> Result<Assistant, OpenError>,
+    config: WorkerConfig,
+    jobs: Receiver<Job>,
+    outputs: Outputs,
+    stats: SharedStats,
+    ready: tokio::sync::oneshot::Sender<Ready>,
+) {
+    let mut assistant = match load(&mut open, &config) {
         Ok(a) => a,
         // Stopped by shutdown: not a failure of the model, so diagnostics do not say ERROR.
-        Err(e) if config.interrupt.is_raised() => {
-            tracing::info!("loading stopped by shutdown: {e}");
-            let _ = ready.send(Err(e.to_string()));
+        Err(f) if config.interrupt.is_raised() => {
+            tracing::info!("loading stopped by shutdown: {}", f.message);
+            let _ = ready.send(Err(f));
             return;
         }
-        Err(e) => {
-            let msg = format!("{e}");
-            update(&stats, |s| s.state = WorkerState::Failed(msg.clone()));
-            let _ = ready.send(Err(msg));
+        Err(f) => {
+            let msg = format!("model failed to load: {}", f.message);
+            update(&stats, |s| s.state = WorkerState::Failed(msg));
+            let _ = ready.send(Err(f));
             return;
         }
     };
@@ -158,18 +205,46 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => break,
         };
         update(&stats, |s| s.state = WorkerState::Busy);
-        let ok = serve(&mut assistant, &mut sessions, job, &outputs, &stats);
+        let mut lost = None;
+        let stopped = stopped_in_queue(&job);
+        let served = serve(job, &outputs, &stats, |plan, sink| match stopped {
+            Some(failure) => Err(failure),
+            None => generate(&mut assistant, &mut sessions, plan, sink, &mut lost),
+        });
         sessions.expire(Instant::now());
+        let snapshots = assistant.snapshots();
         update(&stats, |s| {
-            s.state = WorkerState::Ready;
-            if ok {
+            if served.ok {
                 s.served += 1;
             } else {
                 s.failed += 1;
             }
+            if served.panic.is_some() {
+                s.internal_errors += 1;
+            }
             s.sessions = sessions.len();
             s.session_bytes = sessions.bytes();
-            s.snapshots = assistant.snapshots();
+            s.snapshots = snapshots;
+        });
+        if let Some(reason) = lost {
+            // hbdnn keeps what the hung task may still write; dropping releases the rest.
+            drop(assistant);
+            let reason = format!("the BPU backend is lost: {reason}");
+            return serve_failed(reason, &jobs, &outputs, &stats);
+        }
+        if served.panic.is_some() {
+            assistant = match recover(assistant, &mut open, &config, &stats) {
+                Ok(a) => a,
+                // A reopen stopped by shutdown is no failure: the node is stopping anyway.
+                Err(reason) if config.interrupt.is_raised() => {
+                    tracing::info!("shutdown while reopening the model: {reason}");
+                    return;
+                }
+                Err(reason) => return serve_failed(reason, &jobs, &outputs, &stats),
+            };
+        }
+        update(&stats, |s| {
+            s.state = WorkerState::Ready;
             s.sim_live = sim_live();
         });
     }
@@ -177,34 +252,162 @@ pub fn run(
     drop(assistant);
 }
 
-/// Serves one job to its end; true when the answer completed.
+/// Opens and warms the model; a panic in either is a load failure, not a dead thread.
+fn load(
+    open: &mut impl FnMut() -> Result<Assistant, OpenError>,
+    config: &WorkerConfig,
+) -> Result<Assistant, LoadFailure> {
+    let loaded = contained(|| {
+        let mut a = open()?;
+        a.warm_up(config.warm_up_system.clone(), &config.interrupt)?;
+        Ok::<_, OpenError>(a)
+    });
+    match loaded {
+        Ok(Ok(a)) => Ok(a),
+        Ok(Err(e)) => Err(LoadFailure {
+            message: e.to_string(),
+            runtime: matches!(&e, OpenError::Assistant(a) if backend_lost(a)),
+        }),
+        Err(p) => Err(LoadFailure {
+            message: format!("internal error while loading: {p}"),
+            runtime: true,
+        }),
+    }
+}
+
+fn backend_lost(e: &AssistantError) -> bool {
+    matches!(e, AssistantError::Engine(e) if e.backend_is_lost())
+}
+
+/// After a contained panic nothing about the decode state can be trusted: it is reset (the
+/// parked sessions and the cached system prefix are snapshots and stay valid). When the reset
+/// fails or panics too, the model is dropped and opened again. `Err`: the engine cannot go on.
+fn recover(
+    mut assistant: Assistant,
+    open: &mut impl FnMut() -> Result<Assistant, OpenError>,
+    config: &WorkerConfig,
+    stats: &SharedStats,
+) -> Result<Assistant, String> {
+    let reset = contained(|| {
+        test_hooks::point(Site::Reset);
+        assistant.engine_mut().backend_mut().reset()
+    });
+    match reset {
+        Ok(Ok(())) => {
+            tracing::info!("backend state reset after an internal error");
+            return Ok(assistant);
+        }
+        Ok(Err(e)) if e.backend_is_lost() => return Err(format!("the BPU backend is lost: {e}")),
+        Ok(Err(e)) => tracing::warn!("resetting the backend failed ({e}); reopening the model"),
+        Err(p) => tracing::warn!("resetting the backend panicked ({p}); reopening the model"),
+    }
+    update(stats, |s| s.state = WorkerState::Recovering);
+    // The old model goes first: its BPU memory and the engine lock are needed again.
+    if let Err(p) = contained(move || drop(assistant)) {
+        tracing::warn!("releasing the old model panicked: {p}");
+    }
+    let a = load(open, config).map_err(|f| {
+        format!(
+            "the model could not be reopened after an internal error: {}",
+            f.message
+        )
+    })?;
+    tracing::warn!("model reopened after an internal error");
+    update(stats, |s| s.model = Some(a.info().clone()));
+    Ok(a)
+}
+
+/// The engine is gone: marks the worker failed, raises the runtime failure, and answers
+/// every queued and later job with `backend_error` until the node closes the queue — a job
+/// the shutdown cancelled meanwhile too: the failure is why it was not served.
+fn serve_failed(reason: String, jobs: &Receiver<Job>, outputs: &Outputs, stats: &SharedStats) {
+    update(stats, |s| s.state = WorkerState::Failed(reason.clone()));
+    fatal::raise(reason.clone());
+    while let Ok(job) = jobs.recv() {
+        let failure = Failure::new(
+            ErrorCode::BackendError,
+            format!("the engine has failed and the node is restarting: {reason}"),
+        );
+        serve(job, outputs, stats, |_, _| Err(failure));
+        update(stats, |s| s.failed += 1);
+    }
+    tracing::info!("worker thread: queue closed after the engine failed");
+}
+
+/// How serving one job went.
+struct Served {
+    /// The answer completed.
+    ok: bool,
+    /// A panic was contained while serving it.
+    panic: Option<Panic>,
+}
+
+/// Serves one job to its end: `generate` (contained) gives the result, from which the last
+/// Token, the Answer and the response are sent — after a panic too, each exactly once.
 fn serve(
-    assistant: &mut Assistant,
-    sessions: &mut Sessions,
-    mut job: Job,
+    job: Job,
     outputs: &Outputs,
     stats: &SharedStats,
-) -> bool {
+    generate: impl FnOnce(&mut JobPlan, &mut TokenSink<'_>) -> Result<Completion, Failure>,
+) -> Served {
     let _span = tracing::info_span!("ask", request_id = %job.id).entered();
-    let origin = job.plan.images.origin();
-    let mut sink = TokenSink::new(&outputs.tokens, &job.id, &origin.frame_id);
-    let result = match stopped_in_queue(&job) {
-        Some(failure) => Err(failure),
-        None => generate(assistant, sessions, &mut job.plan, &mut sink),
+    let Job {
+        id,
+        mut plan,
+        admission,
+        respond,
+    } = job;
+    let origin = plan.images.origin();
+    let mut sink = TokenSink::new(&outputs.tokens, &id, &origin.frame_id);
+    let mut answered = false;
+    let run = contained(|| {
+        let result = generate(&mut plan, &mut sink);
+        let prompt = std::mem::take(&mut plan.turn.text);
+        let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result);
+        send_messages(&outcome, &mut sink, &mut answered, outputs, stats);
+        outcome
+    });
+    let (outcome, panic) = match run {
+        Ok(outcome) => (outcome, None),
+        Err(p) => {
+            let failure = Failure::new(ErrorCode::BackendError, format!("internal error: {p}"));
+            let prompt = std::mem::take(&mut plan.turn.text);
+            let outcome = Outcome::new(id.clone(), prompt, origin.clone(), Err(failure));
+            let sent =
+                contained(|| send_messages(&outcome, &mut sink, &mut answered, outputs, stats));
+            if let Err(p) = sent {
+                tracing::error!("the messages of a failed request could not be sent: {p}");
+            }
+            (outcome, Some(p))
+        }
     };
-    let prompt = std::mem::take(&mut job.plan.turn.text);
-    let outcome = Outcome::new(job.id.clone(), prompt, origin.clone(), result);
-    sink.finish(outcome.finish_reason());
-    record_timings(stats, &outcome);
-    if let Err(e) = outputs.answers.publish(&outcome.answer()) {
-        tracing::warn!(error = %e, "could not publish the Answer");
-    }
     log(&outcome);
     // The place is free before the client hears: it may reuse the id at once.
-    job.admission.release();
+    admission.release();
     // The client may have gone away; nothing to do then.
-    let _ = job.respond.send(outcome.response());
-    outcome.succeeded()
+    let _ = respond.send(outcome.response());
+    Served {
+        ok: outcome.succeeded(),
+        panic,
+    }
+}
+
+/// The last Token and the Answer of `outcome`; each goes out once however often this runs.
+fn send_messages(
+    outcome: &Outcome,
+    sink: &mut TokenSink<'_>,
+    answered: &mut bool,
+    outputs: &Outputs,
+    stats: &SharedStats,
+) {
+    sink.finish(outcome.finish_reason());
+    record_timings(stats, outcome);
+    if !*answered {
+        if let Err(e) = outputs.answers.publish(&outcome.answer()) {
+            tracing::warn!(error = %e, "could not publish the Answer");
+        }
+        *answered = true;
+    }
 }
 
 /// A job cancelled or past its deadline before its turn came is answered without starting.
@@ -222,12 +425,14 @@ fn stopped_in_queue(job: &Job) -> Option<Failure> {
     ))
 }
 
-/// Asks the assistant, continuing and then parking the job's session if it has one.
+/// Asks the assistant, continuing and then parking the job's session if it has one. A lost
+/// backend is reported through `lost` besides failing the request.
 fn generate(
     assistant: &mut Assistant,
     sessions: &mut Sessions,
     plan: &mut JobPlan,
     sink: &mut TokenSink<'_>,
+    lost: &mut Option<String>,
 ) -> Result<Completion, Failure> {
     plan.turn.images = plan.images.take_inputs()?;
     // Only a turn that may be continued pays for a state snapshot.
@@ -236,14 +441,23 @@ fn generate(
     if plan.session_id.is_some() && conversation.is_none() {
         tracing::info!(session = ?plan.session_id, "new session");
     }
+    let mut first = true;
     let mut on_event = |e: Event| {
         if let Event::Text { text, reasoning } = e {
+            if std::mem::take(&mut first) {
+                test_hooks::point(Site::Serve);
+            }
             sink.delta(text, reasoning);
         }
     };
     let reply = assistant
         .ask(conversation, &plan.turn, &mut on_event)
-        .map_err(|e| Failure::from_assistant(&e))?;
+        .map_err(|e| {
+            if backend_lost(&e) {
+                *lost = Some(e.to_string());
+            }
+            Failure::from_assistant(&e)
+        })?;
     if let (Some(sid), Some(conv)) = (&plan.session_id, reply.conversation) {
         tracing::debug!(
             session = %sid,
@@ -257,11 +471,12 @@ fn generate(
 }
 
 fn record_timings(stats: &SharedStats, outcome: &Outcome) {
-    if let Some(c) = outcome.completion() {
-        let f = Figures::of(c);
+    if outcome.completion().is_some() {
+        let f = outcome.figures();
+        let (ttft_s, tok_s) = (f.ttft_s, f.decode_tokens_per_s);
         update(stats, |s| {
-            s.last_ttft_s = f.ttft_s;
-            s.last_tokens_per_s = f.decode_tokens_per_s;
+            s.last_ttft_s = ttft_s;
+            s.last_tokens_per_s = tok_s;
         });
     }
 }

@@ -2,6 +2,8 @@
 //! peers (tests/peers/) and their JSON reports.
 #![allow(dead_code)]
 
+pub mod node_proc;
+
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,147 @@
+//! A real `vlm_node` process for the node tests: started with the launch file's params file
+//! plus `-p` overrides in a ROS domain of its own, its stderr collected (and echoed), stopped
+//! with SIGTERM or awaited when it is expected to end by itself.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use anyhow::{ensure, Context as _};
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::repo_root;
+
+/// A ROS domain of its own for each node started by this test binary.
+pub fn domain() -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let base = std::process::id() % 50;
+    (1 + (base + 50 + NEXT.fetch_add(1, Ordering::Relaxed) * 7) % 100).to_string()
+}
+
+/// Where the embedded model's sim package is built once for all node tests.
+pub fn cache_dir() -> PathBuf {
+    repo_root().join(".cache/test-embedded-model")
+}
+
+fn fastdds_profile() -> String {
+    repo_root()
+        .join("launch/fastdds_large_frames.xml")
+        .display()
+        .to_string()
+}
+
+/// The environment of a peer in `domain` (the camera-side Fast DDS profile, as the README
+/// tells camera drivers to use).
+pub fn peer_env(domain: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("ROS_DOMAIN_ID", domain.to_owned()),
+        ("FASTRTPS_DEFAULT_PROFILES_FILE", fastdds_profile()),
+        ("FASTDDS_DEFAULT_PROFILES_FILE", fastdds_profile()),
+    ]
+}
+
+pub struct NodeProc {
+    pub child: Child,
+    log: tokio::task::JoinHandle<String>,
+}
+
+/// Starts `vlm_node` with the launch file's params file, then `params` as `-p` overrides
+/// (and `cache_dir`), with `env` added to its environment.
+pub fn start_node(
+    domain: &str,
+    params: &[(&str, &str)],
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
+    cmd.arg("--ros-args")
+        .arg("--params-file")
+        .arg(repo_root().join("launch/vlm_params.yaml"));
+    let cache = cache_dir().display().to_string();
+    for (k, v) in params.iter().chain(&[("cache_dir", cache.as_str())]) {
+        cmd.arg("-p").arg(format!("{k}:={v}"));
+    }
+    let mut child = cmd
+        .env("ROS_DOMAIN_ID", domain)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting vlm_node")?;
+    let stderr = child.stderr.take().context("vlm_node stderr")?;
+    let log = tokio::spawn(async move {
+        let mut all = String::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("vlm_node: {line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    Ok(NodeProc { child, log })
+}
+
+impl NodeProc {
+    /// SIGTERM, then the exit status and the whole log.
+    pub async fn stop(self) -> anyhow::Result<(ExitStatus, String)> {
+        let pid = self.child.id().context("vlm_node exited early")?;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        ensure!(status.success(), "kill -TERM failed");
+        self.exited(Duration::from_secs(20)).await
+    }
+
+    /// Waits (bounded) for the node to end by itself; the exit status and the whole log.
+    pub async fn exited(mut self, limit: Duration) -> anyhow::Result<(ExitStatus, String)> {
+        let exit = tokio::time::timeout(limit, self.child.wait())
+            .await
+            .with_context(|| format!("vlm_node did not exit within {limit:?}"))??;
+        let log = tokio::time::timeout(Duration::from_secs(5), self.log).await??;
+        Ok((exit, log))
+    }
+}
+
+/// The messages of one admitted ask, checked: Tokens with the request's id and indices
+/// 0..n without gaps, exactly one `last` (the final one, with the response's finish
+/// reason), and an Answer on `/vlm/answers` that matches the response.
+pub fn check_messages(case: &str, r: &Value) {
+    let resp = &r["response"];
+    let id = resp["request_id"].as_str().unwrap_or_default();
+    let tokens = r["tokens"].as_array().cloned().unwrap_or_default();
+    assert!(!tokens.is_empty(), "{case}: no Token");
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(t["request_id"], id, "{case}");
+        assert_eq!(t["index"], i as u64, "{case}: index gap");
+        assert_eq!(t["last"], i + 1 == tokens.len(), "{case}: last flag at {i}");
+    }
+    let last = &tokens[tokens.len() - 1];
+    assert_eq!(last["finish_reason"], resp["finish_reason"], "{case}");
+    let a = &r["answer"];
+    assert!(a.is_object(), "{case}: no Answer on /vlm/answers");
+    for k in ["answer", "reasoning", "finish_reason", "tool_calls_json"] {
+        assert_eq!(a[k], resp[k], "{case}: Answer.{k}");
+    }
+}
+
+/// [`check_messages`], and the deltas add up to the answer.
+pub fn check_stream(case: &str, r: &Value) {
+    check_messages(case, r);
+    let answer: String = r["tokens"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|t| t["reasoning"] == false)
+        .filter_map(|t| t["text"].as_str())
+        .collect();
+    assert_eq!(
+        Some(answer.as_str()),
+        r["response"]["answer"].as_str(),
+        "{case}: answer deltas"
+    );
+}
