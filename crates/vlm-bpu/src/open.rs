@@ -112,6 +112,7 @@ impl BpuBackend {
             path: me.cfg.hbm.clone(),
             reason: e.to_string(),
         })?;
+        step("deciding the prompt tail")?;
         me.decide_tail(dir, opts, has_weights)?;
         Ok(me)
     }
