@@ -417,3 +417,106 @@ async fn node_exits_for_a_restart_when_a_bpu_task_is_slow_at_submit() -> anyhow:
     let _serial = SERIAL.lock().await;
     hung_task("hbUCPSubmitTask").await
 }
+
+/// The 200-ask soak with every failure the node survives in-process mixed in: invalid and
+/// oversized requests (refused before queueing, no Token), model output full of NULs (the
+/// NUL package), a panic while serving and a panic in the reset that follows it (the model
+/// is reopened). Every ask gets its response, every admitted one exactly one last Token and
+/// its Answer, and the simulator's buffers and tasks, sessions and the queue return to their
+/// baseline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_soak_mixes_every_survivable_failure_and_returns_to_baseline() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir()?;
+    let pkg = nul_package(tmp.path())?.display().to_string();
+    let d = domain();
+    let env = [("VLM_NODE_TEST_PANIC", "serve@37,reset@1".to_owned())];
+    let node = start_node(
+        &d,
+        &[
+            ("model_dir", &pkg),
+            ("vision", "false"),
+            ("diagnostics_period_s", "0.2"),
+            ("session_idle_s", "3.0"),
+            ("max_prompt_bytes", "1024"),
+        ],
+        &env,
+    )?;
+    let peer = spawn_python(
+        "tests/peers/failsafe_peer.py",
+        &[
+            "soak",
+            "--count",
+            "200",
+            "--max-new-tokens",
+            "4",
+            "--max-prompt-bytes",
+            "1024",
+            "--timeout",
+            "500",
+        ],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(560)).await;
+    let (exit, log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "exit status {exit}");
+    assert!(log.contains("test panic at serve"), "the serve panic ran");
+
+    let results = rep["results"].as_array().unwrap();
+    assert_eq!(results.len(), 200);
+    let (mut answered, mut refused, mut internal, mut replacements) = (0, 0, 0, 0);
+    for (i, r) in results.iter().enumerate() {
+        let case = format!("ask {i} ({})", r["kind"]);
+        let resp = &r["response"];
+        assert!(
+            !resp.to_string().contains("\\u0000"),
+            "{case}: a NUL reached a message"
+        );
+        if r["kind"] != "ask" {
+            assert_eq!(resp["error_code"], "invalid_request", "{case}: {resp}");
+            assert!(
+                r["tokens"].as_array().is_some_and(Vec::is_empty),
+                "{case}: a refused ask streams nothing"
+            );
+            refused += 1;
+        } else if resp["success"] == true {
+            check_stream(&case, r);
+            replacements += str_of(resp, "answer").matches('\u{FFFD}').count();
+            answered += 1;
+        } else {
+            let message = backend_error(&case, r);
+            assert!(message.starts_with("internal error: "), "{case}: {message}");
+            internal += 1;
+        }
+    }
+    assert_eq!((answered, refused, internal), (159, 40, 1));
+    assert!(replacements > 0, "the NUL package's answers hold U+FFFD");
+
+    let (before, settled) = (&rep["before"], &rep["settled"]);
+    assert_eq!(str_of(settled, "sessions"), "0", "idle sessions expire");
+    assert_eq!(str_of(settled, "queue_depth"), "0");
+    for k in ["sim_live_buffers", "sim_live_tasks"] {
+        assert!(before[k].is_string(), "diagnostics lack {k}: {before}");
+        assert_eq!(settled[k], before[k], "{k} back to baseline");
+    }
+    assert_eq!(
+        (
+            count(settled, "requests_served") - count(before, "requests_served"),
+            count(settled, "requests_failed") - count(before, "requests_failed"),
+            count(settled, "internal_errors") - count(before, "internal_errors"),
+        ),
+        (159, 1, 1),
+        "{settled}"
+    );
+    // U+FFFD also stands for bytes that are not UTF-8, so the answers hold at least as many
+    // as the NULs the node replaced in them; the counter must have seen some.
+    assert!(count(settled, "nul_replaced") > 0, "{settled}");
+    let levels = rep["levels"].as_array().unwrap();
+    assert!(
+        levels.iter().all(|l| *l != ERROR),
+        "never ERROR: {levels:?}"
+    );
+    Ok(())
+}

@@ -13,6 +13,9 @@ its level, message and hardware id (keys `_level`, `_message`, `_hardware_id`).
                 ERROR status (the cancel is never answered)
   hang          a long ask that hangs in the BPU; a second ask queued behind it once the first
                 streams; both answers, then an ERROR status
+  soak          --count asks in a fixed mix: valid ones (half of them in five sessions),
+                invalid (NaN temperature), oversized (a prompt over --max-prompt-bytes), with
+                whatever the node's panic plan and model add; diagnostics before and settled
 """
 
 import argparse
@@ -127,9 +130,39 @@ def mode_hang(p, a):
     return {'hung': hung, 'queued': queued, 'error': p.error_status()}
 
 
+def mode_soak(p, a):
+    p.wait_ask()
+    before = p.diag_after(0, 0)
+    oversized = 'x' * (a.max_prompt_bytes + 1)
+    results = []
+    for i in range(a.count):
+        rid = f'soak-{i}'
+        if i % 10 == 3:
+            kind, r = 'invalid', p.text_ask(rid, a.prompt, temperature=float('nan'))
+        elif i % 10 == 7:
+            kind, r = 'oversized', p.text_ask(rid, oversized)
+        else:
+            session = f'soak-s{i % 5}' if i % 2 == 0 else ''
+            kind, r = 'ask', p.text_ask(rid, a.prompt if i % 4 else a.prompt2,
+                                        session_id=session)
+        results.append({'kind': kind, **r})
+    # Sessions expire after session_idle_s; wait for the baseline (no sessions, empty queue).
+    while time.monotonic() < p.deadline:
+        with p.lock:
+            d = dict(p.diagnostics[-1]) if p.diagnostics else {}
+        if d.get('sessions') == '0' and d.get('queue_depth') == '0':
+            break
+        time.sleep(0.1)
+    time.sleep(0.5)
+    with p.lock:
+        settled = dict(p.diagnostics[-1])
+    return {'before': before, 'results': results, 'settled': settled, 'levels': p.levels()}
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['nul', 'panic', 'reopen_fails', 'task_panic', 'hang'])
+    ap.add_argument('mode', choices=['nul', 'panic', 'reopen_fails', 'task_panic', 'hang',
+                                     'soak'])
     ap.add_argument('--ask', default='/ask')
     ap.add_argument('--cancel', default='/vlm/cancel')
     ap.add_argument('--tokens', default='/vlm/tokens')
@@ -139,12 +172,14 @@ def main():
     ap.add_argument('--max-new-tokens', type=int, default=12)
     ap.add_argument('--gone', default='')
     ap.add_argument('--timeout', type=float, default=120.0)
+    ap.add_argument('--count', type=int, default=200)
+    ap.add_argument('--max-prompt-bytes', type=int, default=65536)
     a = ap.parse_args()
     rclpy.init()
     p = FailsafePeer(a)
     try:
         rep = {'nul': mode_nul, 'panic': mode_panic, 'reopen_fails': mode_reopen_fails,
-               'task_panic': mode_task_panic, 'hang': mode_hang}[a.mode](p, a)
+               'task_panic': mode_task_panic, 'hang': mode_hang, 'soak': mode_soak}[a.mode](p, a)
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

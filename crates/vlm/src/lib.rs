@@ -21,6 +21,6 @@ pub mod engine;
 pub mod interrupt;
 pub mod package;
 pub mod sampler;
-pub mod structured;
 pub mod stream;
+pub mod structured;
 pub mod vision;
