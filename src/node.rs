@@ -387,6 +387,10 @@ pub async fn run(
                     };
                     opts.bpu.priority = p.bpu_priority;
                     opts.bpu.timeout = p.bpu_timeout;
+                    opts.bpu.prefill_tail = p.prefill_tail;
+                    opts.bpu.pool_check = p.bpu_pool_check;
+                    // The calibrated tail decision is cached beside the embedded package.
+                    opts.bpu.cache_dir = p.cache_dir.clone();
                     open_assistant(&source, &opts)
                 };
                 worker::run(open, config, job_rx, outputs, stats, ready_tx);

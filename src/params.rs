@@ -52,6 +52,8 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`." },
     Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
     Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call (the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70)." },
+    Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout, cached per package; else stepped), stepped, pads_first, pads_last." },
+    Spec { name: "bpu_pool_check", default: || s("warn"), description: "ION pool preflight before loading: strict (refuse when the pool is too small or cannot be identified), warn (refuse when identified and too small; warn and load when it cannot be identified), off." },
     Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service." },
     Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history)." },
     Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers." },
@@ -115,6 +117,8 @@ pub struct Params {
     pub bpu_priority: u8,
     /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
     pub bpu_timeout: Duration,
+    pub prefill_tail: vlm_bpu::PrefillTail,
+    pub bpu_pool_check: vlm_bpu::PoolCheck,
     pub ask_service: String,
     pub tokens_topic: String,
     pub answers_topic: String,
@@ -339,6 +343,20 @@ impl Params {
             name: "bpu_timeout_s",
             reason,
         })?;
+        let prefill_tail = r
+            .string("prefill_tail")?
+            .parse()
+            .map_err(|reason| ParamError {
+                name: "prefill_tail",
+                reason,
+            })?;
+        let bpu_pool_check = r
+            .string("bpu_pool_check")?
+            .parse()
+            .map_err(|reason| ParamError {
+                name: "bpu_pool_check",
+                reason,
+            })?;
         let p = Self {
             model_dir: r.opt_string("model_dir")?.map(PathBuf::from),
             demo_model: r.bool("demo_model")?,
@@ -370,6 +388,8 @@ impl Params {
             max_stop_strings: r.int("max_stop_strings", 0..=1024)? as usize,
             max_tools_json_bytes: r.int("max_tools_json_bytes", 0..=1 << 24)? as usize,
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
+            prefill_tail,
+            bpu_pool_check,
             bpu_timeout,
             ask_service: r.string("ask_service")?,
             tokens_topic: r.string("tokens_topic")?,
@@ -535,6 +555,8 @@ impl Params {
                 "bpu_timeout_s",
                 ParameterValue::Double(self.bpu_timeout.as_secs_f64()),
             ),
+            ("prefill_tail", s(self.prefill_tail.as_str())),
+            ("bpu_pool_check", s(self.bpu_pool_check.as_str())),
             ("ask_service", s(&self.ask_service)),
             ("tokens_topic", s(&self.tokens_topic)),
             ("answers_topic", s(&self.answers_topic)),
@@ -612,6 +634,30 @@ mod tests {
             Params::from_values(&given).unwrap_err().name,
             "default_camera"
         );
+    }
+
+    #[test]
+    fn the_prefill_tail_and_the_pool_check_reach_the_bpu_options() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(
+            (p.prefill_tail, p.bpu_pool_check),
+            (vlm_bpu::PrefillTail::Auto, vlm_bpu::PoolCheck::Warn)
+        );
+        let mut given = HashMap::new();
+        given.insert("prefill_tail".to_owned(), s("pads_first"));
+        given.insert("bpu_pool_check".to_owned(), s("strict"));
+        let p = Params::from_values(&given).unwrap();
+        assert_eq!(
+            (p.prefill_tail, p.bpu_pool_check),
+            (vlm_bpu::PrefillTail::PadsFirst, vlm_bpu::PoolCheck::Strict)
+        );
+        for (name, bad) in [("prefill_tail", "padded"), ("bpu_pool_check", "maybe")] {
+            let mut given = HashMap::new();
+            given.insert(name.to_owned(), s(bad));
+            let e = Params::from_values(&given).unwrap_err();
+            assert_eq!(e.name, name);
+            assert!(e.to_string().contains(bad), "{e}");
+        }
     }
 
     #[test]
