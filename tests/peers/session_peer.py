@@ -107,6 +107,8 @@ def main():
     ap.add_argument('--cancel', default='/vlm/cancel')
     ap.add_argument('--tokens', default='/vlm/tokens')
     ap.add_argument('--answers', default='/vlm/answers')
+    # node_peer.Peer reads the diagnostics status of this name (the node's full name).
+    ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--count', type=int, default=30)
     ap.add_argument('--timeout', type=float, default=180.0)
