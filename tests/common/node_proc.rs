@@ -55,8 +55,43 @@ pub fn start_node(
     params: &[(&str, &str)],
     env: &[(&str, String)],
 ) -> anyhow::Result<NodeProc> {
+    start_node_with(domain, &[], params, env)
+}
+
+/// [`start_node`] on the embedded demo model: `demo_model:=true` first, so `params` may set
+/// it back to false.
+pub fn start_demo_node(
+    domain: &str,
+    params: &[(&str, &str)],
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
+    start_demo_node_with(domain, &[], params, env)
+}
+
+/// [`start_demo_node`] with more `--ros-args` (e.g. `-r __ns:=/robot1`) before the parameters.
+pub fn start_demo_node_with(
+    domain: &str,
+    ros_args: &[&str],
+    params: &[(&str, &str)],
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
+    let params: Vec<(&str, &str)> = [("demo_model", "true")]
+        .into_iter()
+        .chain(params.iter().copied())
+        .collect();
+    start_node_with(domain, ros_args, &params, env)
+}
+
+/// [`start_node`] with more `--ros-args` before the parameters.
+pub fn start_node_with(
+    domain: &str,
+    ros_args: &[&str],
+    params: &[(&str, &str)],
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
     cmd.arg("--ros-args")
+        .args(ros_args)
         .arg("--params-file")
         .arg(repo_root().join("launch/vlm_params.yaml"));
     let cache = cache_dir().display().to_string();
@@ -129,19 +164,82 @@ pub fn check_messages(case: &str, r: &Value) {
     }
 }
 
-/// [`check_messages`], and the deltas add up to the answer.
+/// The tokens of one ask, checked: the request's id, indices 0..n without gaps, exactly one
+/// `last` (the final one, with the response's finish reason), deltas that add up to the
+/// answer and the reasoning; the published Answer matches the response.
 pub fn check_stream(case: &str, r: &Value) {
-    check_messages(case, r);
-    let answer: String = r["tokens"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|t| t["reasoning"] == false)
-        .filter_map(|t| t["text"].as_str())
-        .collect();
+    let resp = &r["response"];
+    let id = resp["request_id"].as_str().unwrap();
+    let tokens = r["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty(), "{case}: no Token");
+    for (i, t) in tokens.iter().enumerate() {
+        assert_eq!(t["request_id"], id, "{case}");
+        assert_eq!(t["index"], i as u64, "{case}: index gap");
+        assert_eq!(t["last"], i + 1 == tokens.len(), "{case}: last flag at {i}");
+    }
+    let last = tokens.last().unwrap();
+    assert_eq!(last["finish_reason"], resp["finish_reason"], "{case}");
+    let join = |reasoning: bool| -> String {
+        tokens
+            .iter()
+            .filter(|t| t["reasoning"] == reasoning)
+            .map(|t| t["text"].as_str().unwrap())
+            .collect()
+    };
     assert_eq!(
-        Some(answer.as_str()),
-        r["response"]["answer"].as_str(),
+        join(false),
+        resp["answer"].as_str().unwrap(),
         "{case}: answer deltas"
     );
+    assert_eq!(
+        join(true),
+        resp["reasoning"].as_str().unwrap(),
+        "{case}: reasoning deltas"
+    );
+    let a = &r["answer"];
+    assert!(a.is_object(), "{case}: no Answer on /vlm/answers");
+    for k in [
+        "answer",
+        "reasoning",
+        "finish_reason",
+        "image_source",
+        "prompt_tokens",
+        "completion_tokens",
+        "tool_calls_json",
+    ] {
+        assert_eq!(a[k], resp[k], "{case}: Answer.{k}");
+    }
+}
+
+pub fn ok(case: &str, r: &Value) -> String {
+    let resp = &r["response"];
+    assert_eq!(resp["success"], true, "{case}: {resp}");
+    assert!(
+        matches!(resp["finish_reason"].as_str(), Some("stop" | "length")),
+        "{case}: {resp}"
+    );
+    check_stream(case, r);
+    resp["answer"].as_str().unwrap().to_owned()
+}
+
+/// The used image's own header reaches the response, the Answer and every Token: `frame_id`
+/// in the headers, the stamp as `image_stamp`.
+pub fn check_image_header(case: &str, r: &Value, frame_id: &str, stamp: [i64; 2]) {
+    let pair = |t: &Value| [t["sec"].as_i64().unwrap(), t["nanosec"].as_i64().unwrap()];
+    assert_eq!(
+        pair(&r["response"]["image_stamp"]),
+        stamp,
+        "{case}: response"
+    );
+    let a = &r["answer"];
+    assert_eq!(pair(&a["image_stamp"]), stamp, "{case}: Answer.image_stamp");
+    assert_eq!(a["header"]["frame_id"], frame_id, "{case}: Answer.header");
+    let tokens = r["tokens"].as_array().unwrap();
+    assert!(!tokens.is_empty(), "{case}: no tokens");
+    for t in tokens {
+        assert_eq!(
+            t["header"]["frame_id"], frame_id,
+            "{case}: Token.header {t}"
+        );
+    }
 }
