@@ -8,78 +8,31 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use anyhow::{ensure, Context as _};
+use anyhow::ensure;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::Command;
 
-use common::{peer_report, repo_root, ros_env, spawn_python};
-
-fn fastdds_profile() -> String {
-    repo_root()
-        .join("launch/fastdds_large_frames.xml")
-        .display()
-        .to_string()
-}
+use common::node_proc::{domain, peer_env, start_demo_node};
+use common::{peer_report, ros_env, spawn_python};
 
 /// Runs `vlm_node` and the peer in `mode`; returns the peer's report and the node's log after
 /// a clean SIGTERM stop.
 async fn run(mode: &str) -> anyhow::Result<(Value, String)> {
     ros_env();
-    // A ROS domain of its own, away from the ones tests/node.rs picks.
-    let domain = (1 + (std::process::id() + 37) % 100).to_string();
-    let cache = repo_root().join(".cache/test-embedded-model");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
-    cmd.arg("--ros-args")
-        .arg("--params-file")
-        .arg(repo_root().join("launch/vlm_params.yaml"));
-    for (k, v) in [
-        ("demo_model", "true".to_owned()),
-        ("image_topics", "['/cam_jpeg']".to_owned()),
-        ("compressed_image_topics", "['/cam_compressed']".to_owned()),
-        ("diagnostics_period_s", "0.1".to_owned()),
-        ("cache_dir", cache.display().to_string()),
-    ] {
-        cmd.arg("-p").arg(format!("{k}:={v}"));
-    }
-    let mut node = cmd
-        .env("ROS_DOMAIN_ID", &domain)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting vlm_node")?;
-    let stderr = node.stderr.take().context("vlm_node stderr")?;
-    let log = tokio::spawn(async move {
-        let mut all = String::new();
-        let mut lines = BufReader::new(stderr).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            eprintln!("vlm_node: {line}");
-            all.push_str(&line);
-            all.push('\n');
-        }
-        all
-    });
-    let env = [
-        ("ROS_DOMAIN_ID", domain.clone()),
-        ("FASTRTPS_DEFAULT_PROFILES_FILE", fastdds_profile()),
-        ("FASTDDS_DEFAULT_PROFILES_FILE", fastdds_profile()),
-    ];
-    let peer = spawn_python("tests/peers/request_peer.py", &[mode], &env)?;
+    let d = domain();
+    let node = start_demo_node(
+        &d,
+        &[
+            ("image_topics", "['/cam_jpeg']"),
+            ("compressed_image_topics", "['/cam_compressed']"),
+            ("diagnostics_period_s", "0.1"),
+        ],
+        &[],
+    )?;
+    let peer = spawn_python("tests/peers/request_peer.py", &[mode], &peer_env(&d))?;
     let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let pid = node.id().context("vlm_node exited early")?;
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    ensure!(killed.success(), "kill -TERM failed");
-    let exit = tokio::time::timeout(Duration::from_secs(20), node.wait())
-        .await
-        .context("vlm_node did not exit within 20 s of SIGTERM")??;
-    let log = tokio::time::timeout(Duration::from_secs(5), log).await??;
+    let (exit, log) = node.stop().await?;
     let rep = rep?;
     ensure!(exit.success(), "vlm_node exit status {exit}");
     Ok((rep, log))

@@ -19,18 +19,16 @@ its level, message and hardware id (keys `_level`, `_message`, `_hardware_id`).
 """
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rclpy  # noqa: E402
 
 from bpu_vlm_msgs.srv import Cancel  # noqa: E402
-from node_peer import Peer, check  # noqa: E402
+from node_peer import Peer, check, report_and_exit  # noqa: E402
 
 ERROR = 2
 
@@ -177,18 +175,9 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     p = FailsafePeer(a)
-    try:
-        rep = {'nul': mode_nul, 'panic': mode_panic, 'reopen_fails': mode_reopen_fails,
-               'task_panic': mode_task_panic, 'hang': mode_hang, 'soak': mode_soak}[a.mode](p, a)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    print('REPORT ' + json.dumps(rep), flush=True)
-    print('PEER OK', flush=True)
-    # As node_peer.py: leave at once rather than tear rclpy down under a spinning executor.
-    sys.stdout.flush()
-    os._exit(0)
+    report_and_exit(lambda: {'nul': mode_nul, 'panic': mode_panic,
+                             'reopen_fails': mode_reopen_fails, 'task_panic': mode_task_panic,
+                             'hang': mode_hang, 'soak': mode_soak}[a.mode](p, a))
 
 
 if __name__ == '__main__':

@@ -534,10 +534,17 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     p = Peer(a)
+    report_and_exit(lambda: {'answers': mode_answers, 'queue': mode_queue, 'soak': mode_soak,
+                             'sigterm': mode_sigterm, 'text': mode_text,
+                             'namespace': mode_namespace,
+                             'sim_time': mode_sim_time}[a.mode](p, a))
+
+
+def report_and_exit(run):
+    """Runs a peer's mode and prints its report ("REPORT <json>", then "PEER OK"); any
+    exception is printed and the peer exits 1. Every peer ends here."""
     try:
-        rep = {'answers': mode_answers, 'queue': mode_queue, 'soak': mode_soak,
-               'sigterm': mode_sigterm, 'text': mode_text,
-               'namespace': mode_namespace, 'sim_time': mode_sim_time}[a.mode](p, a)
+        rep = run()
     except BaseException:
         traceback.print_exc()
         sys.stderr.flush()

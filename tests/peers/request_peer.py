@@ -14,11 +14,9 @@ like node_peer.py (whose Peer it uses).
 """
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +24,7 @@ import cv2  # noqa: E402
 import rclpy  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 
-from node_peer import Peer, check, exact_jpeg, image  # noqa: E402
+from node_peer import Peer, check, exact_jpeg, image, report_and_exit  # noqa: E402
 
 
 def undecodable_jpeg(jpg):
@@ -181,24 +179,13 @@ def main():
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--max-new-tokens', type=int, default=8)
     ap.add_argument('--timeout', type=float, default=240.0)
+    ap.add_argument('--status-name', default='/vlm_node: engine')
     a = ap.parse_args()
     rclpy.init()
     p = Peer(a)
-    try:
-        if a.mode == 'all':
-            rep = {'frames': mode_frames(p, a), 'numbers': mode_numbers(p, a),
-                   'limits': mode_limits(p, a)}
-        else:
-            rep = {a.mode: {'frames': mode_frames, 'numbers': mode_numbers,
-                            'limits': mode_limits}[a.mode](p, a)}
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    print('REPORT ' + json.dumps(rep), flush=True)
-    print('PEER OK', flush=True)
-    sys.stdout.flush()
-    os._exit(0)
+    modes = {'frames': mode_frames, 'numbers': mode_numbers, 'limits': mode_limits}
+    chosen = list(modes) if a.mode == 'all' else [a.mode]
+    report_and_exit(lambda: {m: modes[m](p, a) for m in chosen})
 
 
 if __name__ == '__main__':

@@ -11,18 +11,16 @@ like node_peer.py (whose Peer it uses).
 """
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rclpy  # noqa: E402
 
-from node_peer import Peer, check, plain  # noqa: E402
+from node_peer import Peer, check, plain, report_and_exit  # noqa: E402
 
 
 def served(d):
@@ -115,20 +113,12 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     p = Peer(a)
-    try:
+
+    def run():
         if a.mode == 'all':
-            rep = {'snapshots': mode_snapshots(p, a), 'reuse': mode_reuse(p, a)}
-        else:
-            rep = {'snapshots': mode_snapshots, 'reuse': mode_reuse}[a.mode](p, a)
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    print('REPORT ' + json.dumps(rep), flush=True)
-    print('PEER OK', flush=True)
-    # As node_peer.py: leave at once rather than tear rclpy down under a DDS wait.
-    sys.stdout.flush()
-    os._exit(0)
+            return {'snapshots': mode_snapshots(p, a), 'reuse': mode_reuse(p, a)}
+        return {'snapshots': mode_snapshots, 'reuse': mode_reuse}[a.mode](p, a)
+    report_and_exit(run)
 
 
 if __name__ == '__main__':
