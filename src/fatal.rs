@@ -75,9 +75,9 @@ pub fn exit_after(grace: Duration) {
             tracing::error!(
                 "the shutdown after a runtime failure did not finish within {grace:?}; exiting now"
             );
-            std::process::exit(i32::from(EXIT_RUNTIME));
+            signal_hook::low_level::exit(i32::from(EXIT_RUNTIME));
         });
     if spawned.is_err() {
-        std::process::exit(i32::from(EXIT_RUNTIME));
+        signal_hook::low_level::exit(i32::from(EXIT_RUNTIME));
     }
 }

@@ -43,7 +43,8 @@ impl Signals {
                 _ = self.sigterm.recv() => ("SIGTERM", EXIT_SECOND_SIGTERM),
             };
             tracing::warn!("second signal ({name}) during shutdown: exiting at once, code {code}");
-            std::process::exit(code);
+            // `_exit`: atexit handlers of rcl/DDS would run under their live threads.
+            signal_hook::low_level::exit(code);
         });
     }
 }
