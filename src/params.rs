@@ -50,6 +50,7 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "max_prompt_bytes", default: || ParameterValue::Integer(65536), description: "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes (1..=16777216); longer is `invalid_request`." },
     Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md)." },
     Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`." },
+    Spec { name: "max_json_schema_bytes", default: || ParameterValue::Integer(16384), description: "Longest `json_schema` of an ask in bytes (0..=1048576; 0 refuses every schema); longer is `invalid_request`. A schema is compiled before queueing: its cost grows with its size." },
     Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
     Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call (the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70)." },
     Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout, cached per package; else stepped), stepped, pads_first, pads_last." },
@@ -114,6 +115,7 @@ pub struct Params {
     pub max_prompt_bytes: usize,
     pub max_stop_strings: usize,
     pub max_tools_json_bytes: usize,
+    pub max_json_schema_bytes: usize,
     pub bpu_priority: u8,
     /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
     pub bpu_timeout: Duration,
@@ -387,6 +389,7 @@ impl Params {
             max_prompt_bytes: r.int("max_prompt_bytes", 1..=1 << 24)? as usize,
             max_stop_strings: r.int("max_stop_strings", 0..=1024)? as usize,
             max_tools_json_bytes: r.int("max_tools_json_bytes", 0..=1 << 24)? as usize,
+            max_json_schema_bytes: r.int("max_json_schema_bytes", 0..=1 << 20)? as usize,
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
             prefill_tail,
             bpu_pool_check,
@@ -546,6 +549,10 @@ impl Params {
             (
                 "max_tools_json_bytes",
                 ParameterValue::Integer(self.max_tools_json_bytes as i64),
+            ),
+            (
+                "max_json_schema_bytes",
+                ParameterValue::Integer(self.max_json_schema_bytes as i64),
             ),
             (
                 "bpu_priority",
@@ -742,9 +749,10 @@ mod tests {
                 p.max_request_images,
                 p.max_prompt_bytes,
                 p.max_stop_strings,
-                p.max_tools_json_bytes
+                p.max_tools_json_bytes,
+                p.max_json_schema_bytes
             ),
-            (4, 65536, 16, 65536)
+            (4, 65536, 16, 65536, 16384)
         );
         for (name, bad) in [
             ("max_request_images", 65),
@@ -752,6 +760,8 @@ mod tests {
             ("max_prompt_bytes", 0),
             ("max_stop_strings", 1025),
             ("max_tools_json_bytes", -1),
+            ("max_json_schema_bytes", -1),
+            ("max_json_schema_bytes", (1 << 20) + 1),
         ] {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Integer(bad))]);
             assert_eq!(Params::from_values(&given).unwrap_err().name, name, "{bad}");
