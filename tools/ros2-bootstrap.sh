@@ -152,11 +152,12 @@ if [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
       cmake --install "$R2/build/bpu_vlm_msgs" >>"$R2/msg-build.log" 2>&1
   ) || { tail -40 "$R2/msg-build.log" >&2; die "building msg/ failed (full log: $R2/msg-build.log)"; }
   # r2r caches its generated bindings by environment variables only, which a changed
-  # msg/ does not touch: drop them so the next cargo build sees the new fields.
+  # msg/ does not touch: drop them (r2r_msg_gen's C bindings and r2r's Rust types, each
+  # cached in its own build output) so the next cargo build sees the new fields.
   for _profile in debug release; do
     if [ -d "$ROOT/target/$_profile/build" ] && command -v cargo >/dev/null; then
-      (cd "$ROOT" && cargo clean -q -p r2r_msg_gen --profile "$( [ $_profile = debug ] && echo dev || echo release)") ||
-        log "warning: could not drop r2r's cached bindings ($_profile); run cargo clean -p r2r_msg_gen"
+      (cd "$ROOT" && cargo clean -q -p r2r_msg_gen -p r2r --profile "$( [ $_profile = debug ] && echo dev || echo release)") ||
+        log "warning: could not drop r2r's cached bindings ($_profile); run cargo clean -p r2r_msg_gen -p r2r"
     fi
   done
   echo "$MSG_KEY" > "$MSG_STAMP"
