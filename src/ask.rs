@@ -2,6 +2,7 @@
 //! queue and hand it to the worker thread. Nothing here blocks on inference: a refused
 //! request is answered at once, an admitted one by the worker when it finishes.
 
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,27 +12,35 @@ use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use serde_json::Value;
 use vlm::assistant::Turn;
 use vlm::sampler::SamplingParams;
+use vlm::structured::JsonSchemas;
 
+use crate::ask_action::fields::GoalFeedback;
 use crate::cameras::{frame_from_compressed, frame_from_image, frame_header};
 use crate::interface::{enable_thinking, ErrorCode};
 use crate::job::{Images, Job, JobPlan};
 use crate::limits::check_sizes;
 use crate::msgs::srv::{Ask, Cancel};
 use crate::outcome::{refused, Failure};
+use crate::param_server::LiveParams;
 use crate::params::{time_limit, Params, MAX_NEW_TOKENS_LIMIT};
 use crate::registry::{AdmitError, Registry};
+use crate::structured;
 
 /// The camera name that asks for a text-only answer.
 pub const NO_CAMERA: &str = "none";
 
 /// Everything an ask handler needs, shared by all requests.
 pub struct AskContext {
-    pub params: Params,
+    /// The parameters in force; each ask takes a snapshot (`ros2 param set` replaces them).
+    pub params: LiveParams,
     /// `None` when the node runs without vision.
     pub cameras: Option<Arc<CameraCache>>,
     pub registry: Arc<Registry>,
     /// The worker's queue; `None` once the node is shutting down.
     pub jobs: std::sync::Mutex<Option<Sender<Job>>>,
+    /// The served model's JSON-schema compiler: a request's `json_schema` is compiled (or
+    /// refused) here, before queueing.
+    pub schemas: Option<Arc<JsonSchemas>>,
 }
 
 impl AskContext {
@@ -116,11 +125,13 @@ pub fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failur
 /// Checks a request and builds its job (without the queue slot and response channel).
 /// The turn's `cancel` is left unset: the flag comes with the queue slot. The request is
 /// consumed: its prompt, stop strings and images move into the job without a copy.
-/// `cameras` is `None` when the node runs without vision.
+/// `cameras` is `None` when the node runs without vision; `schemas` compiles a
+/// `json_schema` for the served model (`None` before a model is loaded).
 pub fn plan(
     req: Ask::Request,
     p: &Params,
     cameras: Option<&CameraCache>,
+    schemas: Option<&JsonSchemas>,
     now: Instant,
 ) -> Result<JobPlan, Failure> {
     // Sizes first: nothing below parses, copies or scans a field before it is bounded.
@@ -134,13 +145,18 @@ pub fn plan(
             req.max_new_tokens
         )));
     }
+    let structured = !req.json_schema.is_empty();
     let thinking = match req.enable_thinking {
-        enable_thinking::DEFAULT => p.enable_thinking,
+        // A schema answer thinks only when the request asks: a planner waits for the value.
+        enable_thinking::DEFAULT => p.enable_thinking && !structured,
         enable_thinking::OFF => false,
         enable_thinking::ON => true,
         v => return Err(invalid(format!("enable_thinking {v} must be -1, 0 or 1"))),
     };
-    let sampling = sampling(&req, p)?;
+    let mut sampling = sampling(&req, p)?;
+    if structured {
+        sampling = structured::sampling(sampling, &req);
+    }
     let timeout = limit_secs(req.timeout_s, p.request_timeout_s, "timeout_s")?;
     let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
     let tools = if req.tools_json.trim().is_empty() {
@@ -155,6 +171,13 @@ pub fn plan(
     if req.stop.iter().any(String::is_empty) {
         return Err(invalid("stop strings must not be empty"));
     }
+    // Last of the checks: compiling is the costly one.
+    let json_schema = if structured {
+        structured::check_conflicts(&tools, &req.stop)?;
+        structured::compile(&req.json_schema, schemas)?
+    } else {
+        None
+    };
     let max_new_tokens = if req.max_new_tokens == 0 {
         p.max_new_tokens
     } else {
@@ -193,12 +216,14 @@ pub fn plan(
         use_default_stop,
         deadline,
         started: now,
+        json_schema,
         ..Turn::new(prompt, max_new_tokens as usize)
     };
     Ok(JobPlan {
         turn,
         images,
         session_id: Some(session_id).filter(|s| !s.is_empty()),
+        max_image_age: max_age,
     })
 }
 
@@ -263,22 +288,50 @@ fn select_error_code(e: &SelectError) -> ErrorCode {
     }
 }
 
+/// What an Ask action goal adds to its request: the cancel flag the goal's cancel sets
+/// (from the start, so a cancel that comes before admission is not lost) and where its
+/// Tokens go as feedback. A service request has neither.
+#[derive(Default)]
+pub struct GoalHooks {
+    pub cancel: Option<Arc<AtomicBool>>,
+    pub feedback: Option<GoalFeedback>,
+}
+
 /// Handles one Ask request to its response.
 pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
+    handle_with(req, ctx, GoalHooks::default()).await
+}
+
+/// [`handle`] for a request that may come from an action goal (`hooks`).
+pub async fn handle_with(
+    req: Ask::Request,
+    ctx: Arc<AskContext>,
+    hooks: GoalHooks,
+) -> Ask::Response {
     let now = Instant::now();
     let id = if req.request_id.is_empty() {
         ctx.registry.fresh_id()
     } else {
         req.request_id.clone()
     };
-    let mut plan = match plan(req, &ctx.params, ctx.cameras.as_deref(), now) {
+    let mut plan = match plan(
+        req,
+        &ctx.params.snapshot(),
+        ctx.cameras.as_deref(),
+        ctx.schemas.as_deref(),
+        now,
+    ) {
         Ok(p) => p,
         Err(f) => {
             tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
             return refused(id, f);
         }
     };
-    let admission = match ctx.registry.admit(&id) {
+    let admitted = match hooks.cancel {
+        Some(flag) => ctx.registry.admit_with(&id, flag),
+        None => ctx.registry.admit(&id),
+    };
+    let admission = match admitted {
         Ok(a) => a,
         Err(e) => {
             let code = match e {
@@ -296,6 +349,7 @@ pub async fn handle(req: Ask::Request, ctx: Arc<AskContext>) -> Ask::Response {
         plan,
         admission,
         respond: tx,
+        feedback: hooks.feedback,
     };
     // A job that is not sent comes back in the error and is dropped with its admission here,
     // so its place is free before the refusal goes out.

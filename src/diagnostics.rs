@@ -18,6 +18,9 @@ use crate::clock;
 use crate::fatal;
 use crate::health::{self, NulWatch, Observed};
 use crate::node::NodeOps;
+use crate::param_server::LiveParams;
+use crate::params::time_limit;
+use crate::prefill::PrefillStats;
 use crate::registry::Registry;
 use crate::ros_text::{replaced_total, ros_text_uncounted};
 use crate::test_hooks::{self, Site};
@@ -59,9 +62,33 @@ pub struct Diagnostics {
     pub ops: NodeOps,
     /// `queue_depth`: a registry holding this many requests is saturated.
     pub queue_depth: usize,
-    /// `max_image_age_s` as a limit (`None` = none): the default camera's latest frame
-    /// older than this is stale.
-    pub max_image_age: Option<Duration>,
+    /// The parameters in force: the default camera's latest frame older than
+    /// `max_image_age_s` (0 = no limit; settable at run time) is stale.
+    pub params: LiveParams,
+}
+
+/// The latest-frame pre-fill's counters: pre-fills done and stopped, asks on its camera and
+/// those served from it (hit rate), the pre-filled frame's age now and at the last hit, and
+/// the share of wall time the BPU spent pre-filling.
+fn prefill_values(p: &PrefillStats, now: Instant) -> Vec<KeyValue> {
+    let rate = if p.camera_asks == 0 {
+        0.0
+    } else {
+        p.hits as f64 / p.camera_asks as f64
+    };
+    let age = p
+        .frame_arrival
+        .map_or(-1.0, |a| now.saturating_duration_since(a).as_secs_f64());
+    vec![
+        kv("prefills_done", p.done),
+        kv("prefills_stopped", p.stopped),
+        kv("prefill_camera_asks", p.camera_asks),
+        kv("prefill_hits", p.hits),
+        kv("prefill_hit_rate", format!("{rate:.3}")),
+        kv("prefill_frame_age_s", format!("{age:.3}")),
+        kv("prefill_last_hit_age_s", format!("{:.3}", p.last_hit_age_s)),
+        kv("prefill_bpu_duty", format!("{:.3}", p.duty)),
+    ]
 }
 
 fn kv(key: &str, value: impl ToString) -> KeyValue {
@@ -81,6 +108,9 @@ pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     let now = Instant::now();
     let nul_total = replaced_total();
     let queued = d.registry.len();
+    let max_image_age = time_limit(d.params.snapshot().max_image_age_s)
+        .ok()
+        .flatten();
     let (level, message) = health::assess(&Observed {
         state: &s.state,
         fatal: fatal::reason(),
@@ -93,7 +123,7 @@ pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
         stale_default: d
             .cameras
             .as_ref()
-            .and_then(|c| stale_default(c, d.max_image_age, now)),
+            .and_then(|c| stale_default(c, max_image_age, now)),
         recent_nuls: nuls.observe(nul_total, now),
     });
     let mut values = vec![
@@ -124,7 +154,11 @@ pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
         kv("sessions", s.sessions),
         kv("session_bytes", s.session_bytes),
         kv("state_snapshots", s.snapshots),
+        kv("images_encoded", s.images_encoded),
     ];
+    if let Some(p) = &s.prefill {
+        values.extend(prefill_values(p, now));
+    }
     if let Some((buffers, tasks)) = s.sim_live {
         values.push(kv("sim_live_buffers", buffers));
         values.push(kv("sim_live_tasks", tasks));

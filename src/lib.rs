@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ask;
+pub mod ask_action;
 pub mod ask_server;
 pub mod cameras;
 pub mod clock;
@@ -44,6 +45,8 @@ pub mod names;
 pub mod node;
 pub mod outcome;
 pub mod panics;
+pub mod param_server;
+pub mod prefill;
 pub mod params;
 pub mod registry;
 pub mod ros_names;
@@ -51,6 +54,7 @@ pub mod ros_text;
 pub mod rosout;
 pub mod sessions;
 pub mod signals;
+pub mod structured;
 pub mod test_hooks;
 pub mod token_sink;
 pub mod worker;

@@ -31,6 +31,7 @@ use vlm::interrupt::Interrupt;
 use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 use crate::ask::{self, AskContext};
+use crate::ask_action::{self, AskActionServer};
 use crate::ask_server::AskServer;
 use crate::cameras::{self, CameraMsg};
 use crate::diagnostics;
@@ -39,7 +40,9 @@ use crate::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
+use crate::param_server::{LiveParams, ParamServer};
 use crate::params::{BackendChoice, Params};
+use crate::prefill::PrefillConfig;
 use crate::registry::Registry;
 use crate::ros_names;
 use crate::rosout::RosoutTarget;
@@ -195,8 +198,8 @@ fn model_source(p: &Params) -> Result<ModelSource, String> {
     }
 }
 
-/// Reads the node's parameters (defaults overridden by the command line / params file) and
-/// writes the effective values back, so they are listed with the node.
+/// Reads the node's parameters (defaults overridden by the command line / params file); the
+/// parameter services list the effective values ([`ParamServer`]).
 fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
     let given: HashMap<String, r2r::ParameterValue> = {
         let map = node.params.lock().unwrap_or_else(|e| e.into_inner());
@@ -206,14 +209,6 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
     };
     let params = Params::from_values(&given)?;
     params.require_model()?;
-    let mut map = node.params.lock().unwrap_or_else(|e| e.into_inner());
-    for (name, value) in params.effective() {
-        let description = crate::params::SPECS
-            .iter()
-            .find(|s| s.name == name)
-            .map_or("", |s| s.description);
-        map.insert(name.to_owned(), r2r::Parameter { value, description });
-    }
     Ok(params)
 }
 
@@ -232,6 +227,14 @@ pub async fn run(
     let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
     diagnostics::set_node_name(&ros_names::full_name(&namespace, NODE_NAME));
     let params = read_params(&mut node)?;
+    // Asks read a snapshot of these; `ros2 param set` replaces it.
+    let live = LiveParams::new(params.clone());
+    let server: Arc<Mutex<dyn r2r::RosParams + Send>> =
+        Arc::new(Mutex::new(ParamServer::new(live.clone())));
+    let (param_services, _events) = ros(
+        || "create the parameter services".to_owned(),
+        node.make_derived_parameter_handler(server),
+    )?;
     let sim_time = {
         let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
         crate::clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
@@ -252,6 +255,7 @@ pub async fn run(
     tracing::info!(sim_time, "stamps come from the node's ROS time");
     let diagnostics_period = params.diagnostics_period()?;
     let session_idle = params.session_idle()?;
+    let action_result_timeout = params.action_result_timeout()?;
     tracing::info!(?params, "parameters");
 
     let tokens = ros(
@@ -277,7 +281,7 @@ pub async fn run(
         ),
     )?;
 
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(param_services)];
     if let Some(c) = sim_clock {
         tasks.push(tokio::spawn(crate::clock::follow(c)));
     }
@@ -347,9 +351,7 @@ pub async fn run(
         cameras: cameras.clone(),
         ops: ops.clone(),
         queue_depth: params.queue_depth,
-        max_image_age: crate::params::time_limit(params.max_image_age_s)
-            .ok()
-            .flatten(),
+        params: live.clone(),
     };
     tasks.push(tokio::spawn(diagnostics::run(
         diag.clone(),
@@ -368,6 +370,17 @@ pub async fn run(
             session_idle,
             warm_up_system: p.system_prompt.clone(),
             interrupt: interrupt.clone(),
+            prefill: cameras
+                .clone()
+                .filter(|_| p.prefill_latest_frame)
+                .map(|cameras| PrefillConfig {
+                    cameras,
+                    camera: p.prefill_camera.clone(),
+                    duty: p.prefill_duty,
+                    max_age: Duration::from_secs_f64(p.prefill_max_age_s),
+                    system: p.system_prompt.clone(),
+                    ask_priority: p.bpu_priority,
+                }),
         };
         let open_interrupt = interrupt.clone();
         std::thread::Builder::new()
@@ -408,15 +421,20 @@ pub async fn run(
         reason = fatal::wait() => Some(Err(LoadFailure { message: reason, runtime: true })),
     };
     let ask_ctx = Arc::new(AskContext {
-        params: params.clone(),
+        params: live,
         cameras,
         registry: registry.clone(),
         jobs: Mutex::new(Some(job_tx)),
+        schemas: match &loaded {
+            Some(Ok(l)) => Some(l.schemas.clone()),
+            _ => None,
+        },
     });
     let mut result = Ok(());
     let mut ask_server = None;
+    let mut action_server = None;
     match loaded {
-        Some(Ok(info)) => {
+        Some(Ok(worker::Loaded { info, .. })) => {
             let name = params.ask_service.clone();
             let asks = ops
                 .call(move |n| {
@@ -426,12 +444,26 @@ pub async fn run(
                 .ok_or(NodeError::SpinGone)?;
             let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
             ask_server = Some(AskServer::start(asks, ask_ctx.clone()));
+            // Created with /ask and for the same reason: a goal that finds the action can
+            // be served.
+            let name = params.action_name.clone();
+            let action = ops
+                .call(move |n| ask_action::Entities::create(n, &name))
+                .await
+                .ok_or(NodeError::SpinGone)?;
+            let action = ros(|| format!("create action {}", params.action_name), action)?;
+            action_server = Some(AskActionServer::start(
+                action,
+                ask_ctx.clone(),
+                action_result_timeout,
+            ));
             tracing::info!(
                 tokens = %params.tokens_topic,
-                "vlm_node ready: model {} on {}, service {}",
+                "vlm_node ready: model {} on {}, service {}, action {}",
                 info.name,
                 info.backend,
-                params.ask_service
+                params.ask_service,
+                params.action_name
             );
             tokio::select! {
                 () = &mut shutdown => {}
@@ -471,6 +503,9 @@ pub async fn run(
         .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
     // Every job is answered or dropped now, so each /ask task can send its response.
     if let Some(server) = ask_server {
+        server.finish().await;
+    }
+    if let Some(server) = action_server {
         server.finish().await;
     }
     // Every final Token, Answer and response has been handed to DDS (publish and respond

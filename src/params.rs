@@ -10,13 +10,30 @@ use std::time::{Duration, Instant};
 
 use r2r::ParameterValue;
 
-use crate::names::{ANSWERS_TOPIC, ASK_SERVICE, CANCEL_SERVICE, TOKENS_TOPIC};
+use crate::names::{ANSWERS_TOPIC, ASK_ACTION, ASK_SERVICE, CANCEL_SERVICE, TOKENS_TOPIC};
 
-/// One parameter: name, built-in default, one-line description (the README table).
+/// One parameter: name, built-in default, one-line description (the README table) and when
+/// a new value takes effect.
 pub struct Spec {
     pub name: &'static str,
     pub default: fn() -> ParameterValue,
     pub description: &'static str,
+    pub apply: Apply,
+}
+
+/// When a parameter's new value takes effect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Apply {
+    /// Read at start only (entities, threads, the model): `ros2 param set` is refused.
+    Restart,
+    /// Read per ask: `ros2 param set` applies to the next ask.
+    NextAsk,
+}
+use Apply::{NextAsk, Restart};
+
+/// The spec of `name`, if it is a parameter of `vlm_node`.
+pub fn spec(name: &str) -> Option<&'static Spec> {
+    SPECS.iter().find(|s| s.name == name)
 }
 
 fn s(v: &str) -> ParameterValue {
@@ -25,45 +42,67 @@ fn s(v: &str) -> ParameterValue {
 
 /// Every parameter of `vlm_node`, in README order.
 pub const SPECS: &[Spec] = &[
-    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true." },
-    Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model)." },
-    Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35." },
-    Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened)." },
-    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored. Relative names resolve in the node's namespace." },
-    Spec { name: "compressed_image_topics", default: || ParameterValue::StringArray(vec![String::new()]), description: "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list)." },
-    Spec { name: "default_camera", default: || s(""), description: "Camera used when an ask names none; empty = the first image topic (else the first compressed one)." },
-    Spec { name: "camera_qos", default: || s("sensor_data"), description: "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`." },
-    Spec { name: "max_image_age_s", default: || ParameterValue::Double(0.0), description: "Refuse (`stale_image`) a camera frame older than this; 0 = no limit." },
-    Spec { name: "system_prompt", default: || s(""), description: "System prompt of fresh conversations; empty = the package's `chat.system`." },
-    Spec { name: "enable_thinking", default: || ParameterValue::Bool(false), description: "Think before answering (`<think>`); off by default on a robot." },
-    Spec { name: "max_new_tokens", default: || ParameterValue::Integer(256), description: "Default cap on generated tokens per ask (1..=32768)." },
-    Spec { name: "temperature", default: || ParameterValue::Double(0.7), description: "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's non-thinking setting." },
-    Spec { name: "top_p", default: || ParameterValue::Double(0.8), description: "Default nucleus mass in (0, 1]." },
-    Spec { name: "top_k", default: || ParameterValue::Integer(20), description: "Default top-k (0 = no limit)." },
-    Spec { name: "min_p", default: || ParameterValue::Double(0.0), description: "Default min-p in [0, 1]." },
-    Spec { name: "repetition_penalty", default: || ParameterValue::Double(1.0), description: "Default repetition penalty (1 = none)." },
-    Spec { name: "presence_penalty", default: || ParameterValue::Double(1.5), description: "Default presence penalty (0 = none)." },
-    Spec { name: "seed", default: || ParameterValue::Integer(-1), description: "Default sampling seed; -1 = a fresh seed per ask." },
-    Spec { name: "queue_depth", default: || ParameterValue::Integer(4), description: "Requests held at once, the running one included; one more gets `busy` at once." },
-    Spec { name: "request_timeout_s", default: || ParameterValue::Double(120.0), description: "Default time limit of an ask from its arrival (queue wait included); 0 = none." },
-    Spec { name: "max_request_images", default: || ParameterValue::Integer(4), description: "Most images one ask may send (`images` and `compressed_images` together, 0..=64); more is `invalid_request`." },
-    Spec { name: "max_prompt_bytes", default: || ParameterValue::Integer(65536), description: "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes (1..=16777216); longer is `invalid_request`." },
-    Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md)." },
-    Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`." },
-    Spec { name: "max_json_schema_bytes", default: || ParameterValue::Integer(16384), description: "Longest `json_schema` of an ask in bytes (0..=1048576; 0 refuses every schema); longer is `invalid_request`. A schema is compiled before queueing: its cost grows with its size." },
-    Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255." },
-    Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call (the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70)." },
-    Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout, cached per package; else stepped), stepped, pads_first, pads_last." },
-    Spec { name: "bpu_pool_check", default: || s("warn"), description: "ION pool preflight before loading: strict (refuse when the pool is too small or cannot be identified), warn (refuse when identified and too small; warn and load when it cannot be identified), off." },
-    Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service." },
-    Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history)." },
-    Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers." },
-    Spec { name: "cancel_service", default: || s(CANCEL_SERVICE), description: "Name of the Cancel service." },
-    Spec { name: "diagnostics_period_s", default: || ParameterValue::Double(1.0), description: "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray)." },
-    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots); the least recently used go first." },
-    Spec { name: "session_idle_s", default: || ParameterValue::Double(600.0), description: "A conversation unused this long is dropped." },
-    Spec { name: "cache_dir", default: || s(""), description: "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`." },
+    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true.", apply: Restart },
+    Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model).", apply: Restart },
+    Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35.", apply: Restart },
+    Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened).", apply: Restart },
+    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored. Relative names resolve in the node's namespace.", apply: Restart },
+    Spec { name: "compressed_image_topics", default: || ParameterValue::StringArray(vec![String::new()]), description: "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list).", apply: Restart },
+    Spec { name: "default_camera", default: || s(""), description: "Camera used when an ask names none; empty = the first image topic (else the first compressed one).", apply: Restart },
+    Spec { name: "camera_qos", default: || s("sensor_data"), description: "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`.", apply: Restart },
+    Spec { name: "max_image_age_s", default: || ParameterValue::Double(0.0), description: "Refuse (`stale_image`) a camera frame older than this, in seconds (>= 0); 0 = no limit.", apply: NextAsk },
+    Spec { name: "system_prompt", default: || s(""), description: "System prompt of fresh conversations; empty = the package's `chat.system`.", apply: NextAsk },
+    Spec { name: "enable_thinking", default: || ParameterValue::Bool(false), description: "Think before answering (`<think>`); off by default on a robot.", apply: NextAsk },
+    Spec { name: "max_new_tokens", default: || ParameterValue::Integer(256), description: "Default cap on generated tokens per ask (1..=32768).", apply: NextAsk },
+    Spec { name: "temperature", default: || ParameterValue::Double(0.7), description: "Default sampling temperature, >= 0 (0 = greedy). Defaults follow the Qwen3.5 model card's non-thinking setting.", apply: NextAsk },
+    Spec { name: "top_p", default: || ParameterValue::Double(0.8), description: "Default nucleus mass in (0, 1].", apply: NextAsk },
+    Spec { name: "top_k", default: || ParameterValue::Integer(20), description: "Default top-k, 0..=1000000 (0 = no limit).", apply: NextAsk },
+    Spec { name: "min_p", default: || ParameterValue::Double(0.0), description: "Default min-p in [0, 1].", apply: NextAsk },
+    Spec { name: "repetition_penalty", default: || ParameterValue::Double(1.0), description: "Default repetition penalty, > 0 (1 = none).", apply: NextAsk },
+    Spec { name: "presence_penalty", default: || ParameterValue::Double(1.5), description: "Default presence penalty in [-100, 100] (0 = none).", apply: NextAsk },
+    Spec { name: "seed", default: || ParameterValue::Integer(-1), description: "Default sampling seed, -1..=9223372036854775807; -1 = a fresh seed per ask.", apply: NextAsk },
+    Spec { name: "queue_depth", default: || ParameterValue::Integer(4), description: "Requests held at once, the running one included (1..=1024); one more gets `busy` at once.", apply: Restart },
+    Spec { name: "request_timeout_s", default: || ParameterValue::Double(120.0), description: "Default time limit of an ask from its arrival (queue wait included), in seconds (>= 0); 0 = none.", apply: NextAsk },
+    Spec { name: "max_request_images", default: || ParameterValue::Integer(4), description: "Most images one ask may send (`images` and `compressed_images` together, 0..=64); more is `invalid_request`.", apply: NextAsk },
+    Spec { name: "max_prompt_bytes", default: || ParameterValue::Integer(65536), description: "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes (1..=16777216); longer is `invalid_request`.", apply: NextAsk },
+    Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md).", apply: NextAsk },
+    Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`.", apply: NextAsk },
+    Spec { name: "max_json_schema_bytes", default: || ParameterValue::Integer(16384), description: "Longest `json_schema` of an ask in bytes (0..=1048576; 0 refuses every schema); longer is `invalid_request`. A schema is compiled before queueing: its cost grows with its size.", apply: NextAsk },
+    Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255.", apply: Restart },
+    Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call, in seconds (> 0; the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70).", apply: Restart },
+    Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout, cached per package; else stepped), stepped, pads_first, pads_last.", apply: Restart },
+    Spec { name: "bpu_pool_check", default: || s("warn"), description: "ION pool preflight before loading: strict (refuse when the pool is too small or cannot be identified), warn (refuse when identified and too small; warn and load when it cannot be identified), off.", apply: Restart },
+    Spec { name: "prefill_latest_frame", default: || ParameterValue::Bool(true), description: "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower and prefill it after the system prompt, so an ask about it prefills only its question. Costs up to `prefill_duty` of the BPU on an idle robot.", apply: Restart },
+    Spec { name: "prefill_camera", default: || s(""), description: "Camera whose frames are pre-filled; empty = the default camera.", apply: Restart },
+    Spec { name: "prefill_duty", default: || ParameterValue::Double(0.5), description: "Most share of wall time pre-fills keep the BPU busy, in (0, 1].", apply: Restart },
+    Spec { name: "prefill_max_age_s", default: || ParameterValue::Double(10.0), description: "An ask without `max_image_age_s` is served from a pre-filled frame at most this old (else from the newest frame).", apply: Restart },
+    Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service.", apply: Restart },
+    Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history).", apply: Restart },
+    Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers.", apply: Restart },
+    Spec { name: "cancel_service", default: || s(CANCEL_SERVICE), description: "Name of the Cancel service.", apply: Restart },
+    Spec { name: "action_name", default: || s(ASK_ACTION), description: "Name of the Ask action (bpu_vlm_msgs/action/Ask).", apply: Restart },
+    Spec { name: "action_result_timeout_s", default: || ParameterValue::Double(900.0), description: "A finished action goal (its status and result) is kept this long, in seconds (> 0), then forgotten, as rcl_action's result timeout.", apply: Restart },
+    Spec { name: "diagnostics_period_s", default: || ParameterValue::Double(1.0), description: "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds (> 0).", apply: Restart },
+    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots), 0..=1048576 MiB; the least recently used go first.", apply: Restart },
+    Spec { name: "session_idle_s", default: || ParameterValue::Double(600.0), description: "A conversation unused this long (seconds, > 0) is dropped.", apply: Restart },
+    Spec { name: "cache_dir", default: || s(""), description: "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`.", apply: Restart },
 ];
+
+/// A topic list as a parameter value: an empty list is `[""]`, because ROS YAML cannot hold an
+/// empty list and `ros2 param dump` must write a file the node accepts back.
+fn topic_list(topics: &[String]) -> ParameterValue {
+    if topics.is_empty() {
+        ParameterValue::StringArray(vec![String::new()])
+    } else {
+        ParameterValue::StringArray(topics.to_vec())
+    }
+}
+
+/// An `f32` parameter as the double its decimal spelling is (0.7, not 0.699999988079071), so
+/// `ros2 param get` and `dump` show the value as it was written.
+fn f32_value(x: f32) -> ParameterValue {
+    ParameterValue::Double(x.to_string().parse().unwrap_or(f64::from(x)))
+}
 
 /// A parameter that cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -121,10 +160,17 @@ pub struct Params {
     pub bpu_timeout: Duration,
     pub prefill_tail: vlm_bpu::PrefillTail,
     pub bpu_pool_check: vlm_bpu::PoolCheck,
+    pub prefill_latest_frame: bool,
+    /// `None`: the default camera.
+    pub prefill_camera: Option<String>,
+    pub prefill_duty: f64,
+    pub prefill_max_age_s: f64,
     pub ask_service: String,
     pub tokens_topic: String,
     pub answers_topic: String,
     pub cancel_service: String,
+    pub action_name: String,
+    pub action_result_timeout_s: f64,
     pub diagnostics_period_s: f64,
     pub session_memory_bytes: usize,
     pub session_idle_s: f64,
@@ -393,11 +439,17 @@ impl Params {
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
             prefill_tail,
             bpu_pool_check,
+            prefill_latest_frame: r.bool("prefill_latest_frame")?,
+            prefill_camera: r.opt_string("prefill_camera")?,
+            prefill_duty: r.double("prefill_duty", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?,
+            prefill_max_age_s: r.double("prefill_max_age_s", |x| x >= 0.0, ">= 0")?,
             bpu_timeout,
             ask_service: r.string("ask_service")?,
             tokens_topic: r.string("tokens_topic")?,
             answers_topic: r.string("answers_topic")?,
             cancel_service: r.string("cancel_service")?,
+            action_name: r.string("action_name")?,
+            action_result_timeout_s: r.seconds("action_result_timeout_s", Zero::Refused)?,
             diagnostics_period_s: r.seconds("diagnostics_period_s", Zero::Refused)?,
             session_memory_bytes: (r.int("session_memory_mb", 0..=1 << 20)? as usize) << 20,
             session_idle_s: r.seconds("session_idle_s", Zero::Refused)?,
@@ -423,6 +475,11 @@ impl Params {
     /// `diagnostics_period_s` as a `Duration`.
     pub fn diagnostics_period(&self) -> Result<Duration, ParamError> {
         period("diagnostics_period_s", self.diagnostics_period_s)
+    }
+
+    /// `action_result_timeout_s` as a `Duration`.
+    pub fn action_result_timeout(&self) -> Result<Duration, ParamError> {
+        period("action_result_timeout_s", self.action_result_timeout_s)
     }
 
     /// `session_idle_s` as a `Duration`.
@@ -476,13 +533,10 @@ impl Params {
                 }),
             ),
             ("vision", ParameterValue::Bool(self.vision)),
-            (
-                "image_topics",
-                ParameterValue::StringArray(self.image_topics.clone()),
-            ),
+            ("image_topics", topic_list(&self.image_topics)),
             (
                 "compressed_image_topics",
-                ParameterValue::StringArray(self.compressed_image_topics.clone()),
+                topic_list(&self.compressed_image_topics),
             ),
             ("default_camera", st(&self.default_camera)),
             (
@@ -505,21 +559,12 @@ impl Params {
                 "max_new_tokens",
                 ParameterValue::Integer(i64::from(self.max_new_tokens)),
             ),
-            (
-                "temperature",
-                ParameterValue::Double(f64::from(self.temperature)),
-            ),
-            ("top_p", ParameterValue::Double(f64::from(self.top_p))),
+            ("temperature", f32_value(self.temperature)),
+            ("top_p", f32_value(self.top_p)),
             ("top_k", ParameterValue::Integer(i64::from(self.top_k))),
-            ("min_p", ParameterValue::Double(f64::from(self.min_p))),
-            (
-                "repetition_penalty",
-                ParameterValue::Double(f64::from(self.repetition_penalty)),
-            ),
-            (
-                "presence_penalty",
-                ParameterValue::Double(f64::from(self.presence_penalty)),
-            ),
+            ("min_p", f32_value(self.min_p)),
+            ("repetition_penalty", f32_value(self.repetition_penalty)),
+            ("presence_penalty", f32_value(self.presence_penalty)),
             (
                 "seed",
                 ParameterValue::Integer(
@@ -564,10 +609,25 @@ impl Params {
             ),
             ("prefill_tail", s(self.prefill_tail.as_str())),
             ("bpu_pool_check", s(self.bpu_pool_check.as_str())),
+            (
+                "prefill_latest_frame",
+                ParameterValue::Bool(self.prefill_latest_frame),
+            ),
+            ("prefill_camera", st(&self.prefill_camera)),
+            ("prefill_duty", ParameterValue::Double(self.prefill_duty)),
+            (
+                "prefill_max_age_s",
+                ParameterValue::Double(self.prefill_max_age_s),
+            ),
             ("ask_service", s(&self.ask_service)),
             ("tokens_topic", s(&self.tokens_topic)),
             ("answers_topic", s(&self.answers_topic)),
             ("cancel_service", s(&self.cancel_service)),
+            ("action_name", s(&self.action_name)),
+            (
+                "action_result_timeout_s",
+                ParameterValue::Double(self.action_result_timeout_s),
+            ),
             (
                 "diagnostics_period_s",
                 ParameterValue::Double(self.diagnostics_period_s),

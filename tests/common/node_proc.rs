@@ -98,6 +98,21 @@ pub fn start_node_with(
     for (k, v) in params.iter().chain(&[("cache_dir", cache.as_str())]) {
         cmd.arg("-p").arg(format!("{k}:={v}"));
     }
+    spawn_node(cmd, domain, env)
+}
+
+/// `vlm_node` with `params_file` as its only parameters (no launch file, no overrides).
+pub fn start_node_from_file(
+    domain: &str,
+    params_file: &std::path::Path,
+    env: &[(&str, String)],
+) -> anyhow::Result<NodeProc> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_vlm_node"));
+    cmd.arg("--ros-args").arg("--params-file").arg(params_file);
+    spawn_node(cmd, domain, env)
+}
+
+fn spawn_node(mut cmd: Command, domain: &str, env: &[(&str, String)]) -> anyhow::Result<NodeProc> {
     let mut child = cmd
         .env("ROS_DOMAIN_ID", domain)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
