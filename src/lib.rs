@@ -5,7 +5,8 @@
 //! This crate holds ROS plumbing only: no model math and no FFI (those live in `vlm` and
 //! `vlm-bpu`). A frame's way to a token:
 //! 1. [`cameras`] validates each camera message into the latest-frame cache;
-//! 2. [`ask`] checks a request against [`params`] (sizes first, [`limits`]), picks its
+//! 2. [`ask`] checks a request against a snapshot of the [`params`] in force (served and
+//!    set at run time through [`param_server`]; sizes first, [`limits`]), picks its
 //!    image and builds the job ([`job`]: a `vlm::assistant::Turn` plus the image choice and
 //!    session), admits it ([`registry`]) and queues it;
 //! 3. [`worker`], the one thread that owns the model, converts the frame to RGB, continues the
