@@ -21,11 +21,13 @@ pub enum ErrorCode {
     Cancelled,
     Timeout,
     BackendError,
+    /// A `json_schema` answer that generation ended before its value was complete.
+    Incomplete,
 }
 
 impl ErrorCode {
     /// Every code, in the order `Ask.srv` declares them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Busy,
         Self::NotReady,
         Self::NoImage,
@@ -35,6 +37,7 @@ impl ErrorCode {
         Self::Cancelled,
         Self::Timeout,
         Self::BackendError,
+        Self::Incomplete,
     ];
 
     /// The wire value (`Ask.Response.ERROR_*`).
@@ -49,6 +52,7 @@ impl ErrorCode {
             Self::Cancelled => "cancelled",
             Self::Timeout => "timeout",
             Self::BackendError => "backend_error",
+            Self::Incomplete => "incomplete",
         }
     }
 }

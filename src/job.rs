@@ -37,21 +37,31 @@ pub struct ImageOrigin {
     /// The used image's own TF frame, so TF can tie the answer to the camera; empty when
     /// text-only.
     pub frame_id: String,
+    /// The used image's size in pixels as it arrived (the first one's when there are
+    /// several), before the vision tower scales it: the frame a client converts the model's
+    /// relative coordinates into. 0 when text-only.
+    pub width: u32,
+    pub height: u32,
 }
 
 impl Images {
     pub fn origin(&self) -> ImageOrigin {
         match self {
             Self::None => ImageOrigin::default(),
-            Self::Request { first, .. } => ImageOrigin {
+            Self::Request { frames, first } => ImageOrigin {
                 source: "request".to_owned(),
                 stamp: first.stamp,
                 frame_id: first.frame_id.to_string(),
+                // Raw images come first in the model input, as `first` does.
+                width: frames.first().map_or(0, Frame::width),
+                height: frames.first().map_or(0, Frame::height),
             },
             Self::Camera(c) => ImageOrigin {
                 source: c.topic.to_string(),
                 stamp: c.stamp,
                 frame_id: c.frame_id.to_string(),
+                width: c.frame.width(),
+                height: c.frame.height(),
             },
         }
     }

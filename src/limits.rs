@@ -1,9 +1,10 @@
 //! Bounds on what one Ask may carry, checked before any field is parsed, copied, scanned or
 //! queued. A request is untrusted: without bounds one client could make the node hold
-//! megabytes per queued request, parse a huge `tools_json`, or rescan a huge stop string on
-//! every generated token. The counts and sizes are parameters (`max_request_images`,
-//! `max_prompt_bytes`, `max_stop_strings`, `max_tools_json_bytes`); the per-string bounds
-//! below are fixed because nothing legitimate comes near them.
+//! megabytes per queued request, parse a huge `tools_json`, compile a huge `json_schema`, or
+//! rescan a huge stop string on every generated token. The counts and sizes are parameters
+//! (`max_request_images`, `max_prompt_bytes`, `max_stop_strings`, `max_tools_json_bytes`,
+//! `max_json_schema_bytes`); the per-string bounds below are fixed because nothing
+//! legitimate comes near them.
 
 use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
@@ -87,6 +88,15 @@ pub fn check_sizes(req: &Ask::Request, p: &Params) -> Result<(), Failure> {
             "bytes",
             p.max_tools_json_bytes,
             Some("max_tools_json_bytes"),
+        ));
+    }
+    if req.json_schema.len() > p.max_json_schema_bytes {
+        return Err(over(
+            "json_schema",
+            req.json_schema.len(),
+            "bytes",
+            p.max_json_schema_bytes,
+            Some("max_json_schema_bytes"),
         ));
     }
     for (field, id) in [
@@ -174,6 +184,14 @@ mod tests {
                     ..Default::default()
                 }),
                 p.max_tools_json_bytes,
+            ),
+            (
+                "max_json_schema_bytes",
+                Box::new(|n| Ask::Request {
+                    json_schema: " ".repeat(n),
+                    ..Default::default()
+                }),
+                p.max_json_schema_bytes,
             ),
             (
                 "request_id",

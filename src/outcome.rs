@@ -43,7 +43,9 @@ impl Failure {
 fn classify(e: &AssistantError) -> ErrorCode {
     match e {
         AssistantError::Engine(EngineError::ContextOverflow { .. }) => ErrorCode::ContextOverflow,
+        // A schema the request sent that cannot be used, or that conflicts with the turn.
         AssistantError::Turn(_)
+        | AssistantError::Schema(_)
         | AssistantError::Engine(
             EngineError::NoVision | EngineError::Image { .. } | EngineError::Vision(_),
         ) => ErrorCode::InvalidRequest,
@@ -63,6 +65,24 @@ pub fn refused(request_id: String, failure: Failure) -> Ask::Response {
     }
 }
 
+/// What generation gave: the completion, possibly partial, and for a `json_schema` answer
+/// whether its value ended unfinished (`vlm::assistant::Reply::is_incomplete`).
+#[derive(Debug, Clone)]
+pub struct Generated {
+    pub completion: Completion,
+    pub incomplete: bool,
+}
+
+impl From<Completion> for Generated {
+    /// A free-text completion: nothing to be incomplete.
+    fn from(completion: Completion) -> Self {
+        Self {
+            completion,
+            incomplete: false,
+        }
+    }
+}
+
 /// How an admitted request ended.
 #[derive(Debug, Clone)]
 pub struct Outcome {
@@ -78,16 +98,20 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    /// `result` as the worker got it. A completion that ended by cancel or timeout keeps its
-    /// partial text but is a failure for the client.
+    /// `result` as the worker got it. A completion that ended by cancel or timeout, or a
+    /// `json_schema` value that `max_new_tokens` cut, keeps its partial text but is a
+    /// failure for the client: a successful structured answer always parses.
     pub fn new(
         request_id: String,
         prompt: String,
         origin: ImageOrigin,
-        result: Result<Completion, Failure>,
+        result: Result<Generated, Failure>,
     ) -> Self {
         let (completion, failure) = match result {
-            Ok(c) => {
+            Ok(Generated {
+                completion: c,
+                incomplete,
+            }) => {
                 let failure = match c.finish_reason {
                     FinishReason::Cancelled => Some(Failure::new(
                         ErrorCode::Cancelled,
@@ -96,6 +120,14 @@ impl Outcome {
                     FinishReason::Timeout => Some(Failure::new(
                         ErrorCode::Timeout,
                         "the request's time limit elapsed while generating",
+                    )),
+                    _ if incomplete => Some(Failure::new(
+                        ErrorCode::Incomplete,
+                        format!(
+                            "generation ended ({}) before the JSON value was complete; \
+                             raise max_new_tokens or bound the schema's strings and arrays",
+                            c.finish_reason.as_str()
+                        ),
                     )),
                     _ => None,
                 };
@@ -114,6 +146,8 @@ impl Outcome {
                 source: ros_text(origin.source),
                 stamp: origin.stamp,
                 frame_id: ros_text(origin.frame_id),
+                width: origin.width,
+                height: origin.height,
             },
             completion,
             figures,
@@ -164,6 +198,8 @@ impl Outcome {
             tool_calls_json: f.tool_calls_json,
             image_source: self.origin.source.clone(),
             image_stamp: clock::time(self.origin.stamp),
+            image_width: self.origin.width,
+            image_height: self.origin.height,
             finish_reason: self.finish_reason().as_str().to_owned(),
             prompt_tokens: f.prompt_tokens,
             completion_tokens: f.completion_tokens,
@@ -172,7 +208,7 @@ impl Outcome {
         }
     }
 
-    /// The `/ask` response.
+    /// The `/ask` response (the Ask action's result is made from it: the same fields).
     pub fn response(&self) -> Ask::Response {
         let f = self.figures.clone();
         let (error_code, error_message) =
@@ -190,6 +226,8 @@ impl Outcome {
             finish_reason: self.finish_reason().as_str().to_owned(),
             image_source: self.origin.source.clone(),
             image_stamp: clock::time(self.origin.stamp),
+            image_width: self.origin.width,
+            image_height: self.origin.height,
             prompt_tokens: f.prompt_tokens,
             completion_tokens: f.completion_tokens,
             ttft_s: f.ttft_s,
@@ -267,12 +305,22 @@ mod tests {
     }
 
     fn outcome(result: Result<Completion, Failure>) -> Outcome {
-        let origin = ImageOrigin {
+        Outcome::new(
+            "req-1".into(),
+            "what is this?".into(),
+            origin(),
+            result.map(Generated::from),
+        )
+    }
+
+    fn origin() -> ImageOrigin {
+        ImageOrigin {
             source: "/image_raw".into(),
             stamp: Stamp { sec: 7, nanosec: 9 },
             frame_id: "camera_optical".into(),
-        };
-        Outcome::new("req-1".into(), "what is this?".into(), origin, result)
+            width: 640,
+            height: 480,
+        }
     }
 
     #[test]
@@ -300,6 +348,8 @@ mod tests {
             ("/image_raw", "camera_optical")
         );
         assert_eq!((r.image_stamp.sec, r.image_stamp.nanosec), (7, 9));
+        assert_eq!((a.image_width, a.image_height), (640, 480));
+        assert_eq!((r.image_width, r.image_height), (640, 480));
         assert_eq!(a.image_stamp, r.image_stamp);
         assert_eq!(
             (a.request_id.as_str(), a.prompt.as_str()),
@@ -367,6 +417,54 @@ mod tests {
             (r.request_id.as_str(), r.error_message.as_str()),
             ("id\u{FFFD}", "x\u{FFFD}")
         );
+    }
+
+    /// A `json_schema` value cut by `max_new_tokens` is a failure with its partial text; the
+    /// same cut of free text, or a structured answer that completed, is a success.
+    #[test]
+    fn an_incomplete_value_fails_with_its_partial_text() {
+        let cut = |incomplete, finish_reason| {
+            Outcome::new(
+                "req-3".into(),
+                "count".into(),
+                ImageOrigin::default(),
+                Ok(Generated {
+                    completion: completion(finish_reason),
+                    incomplete,
+                }),
+            )
+        };
+        let o = cut(true, FinishReason::Length);
+        let (a, r) = (o.answer(), o.response());
+        assert!(!r.success);
+        assert_eq!(
+            (r.error_code.as_str(), r.finish_reason.as_str()),
+            ("incomplete", "length")
+        );
+        assert!(
+            r.error_message.contains("max_new_tokens"),
+            "{}",
+            r.error_message
+        );
+        assert_eq!(
+            (a.answer.as_str(), r.answer.as_str()),
+            ("an apple", "an apple")
+        );
+        assert_eq!(a.finish_reason, "length");
+        assert_eq!((r.image_width, a.image_height), (0, 0));
+        assert!(cut(false, FinishReason::Length).succeeded());
+        assert!(cut(false, FinishReason::Stop).succeeded());
+        // A cancel or timeout is reported as such even when the value is unfinished.
+        assert_eq!(
+            cut(true, FinishReason::Cancelled).failure().map(|f| f.code),
+            Some(ErrorCode::Cancelled)
+        );
+    }
+
+    #[test]
+    fn a_schema_the_runtime_refuses_is_the_clients_mistake() {
+        let e = AssistantError::Schema(vlm::structured::SchemaError::Conflict("tools"));
+        assert_eq!(Failure::from_assistant(&e).code, ErrorCode::InvalidRequest);
     }
 
     #[test]

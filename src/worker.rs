@@ -21,14 +21,15 @@ use std::time::{Duration, Instant};
 use r2r::Publisher;
 use vlm::assistant::{Assistant, AssistantError, BackendKind, ModelInfo};
 use vlm::interrupt::Interrupt;
-use vlm::stream::{Completion, Event, FinishReason};
+use vlm::stream::{Event, FinishReason};
+use vlm::structured::JsonSchemas;
 use vlm_bpu::OpenError;
 
 use crate::fatal;
 use crate::interface::ErrorCode;
 use crate::job::{Job, JobPlan};
 use crate::msgs::msg::{Answer, Token};
-use crate::outcome::{Failure, Outcome};
+use crate::outcome::{Failure, Generated, Outcome};
 use crate::panics::{contained, Panic};
 use crate::sessions::Sessions;
 use crate::test_hooks::{self, Site};
@@ -130,8 +131,18 @@ pub struct LoadFailure {
     pub runtime: bool,
 }
 
+/// A loaded model as the rest of the node sees it.
+pub struct Loaded {
+    pub info: ModelInfo,
+    /// The model's JSON-schema compiler (`Send + Sync`), token table built: request handlers
+    /// compile a request's `json_schema` with it before queueing. It stays valid when the
+    /// worker reopens the same model after an internal error (same tokenizer, same
+    /// vocabulary).
+    pub schemas: Arc<JsonSchemas>,
+}
+
 /// What the worker reports when loading ends.
-pub type Ready = Result<ModelInfo, LoadFailure>;
+pub type Ready = Result<Loaded, LoadFailure>;
 
 /// Runs on the worker thread: `open` builds the assistant there (again after an internal
 /// error, when resetting the backend is not enough), `ready` reports the outcome of loading,
@@ -189,7 +200,17 @@ fn serve_all(
         s.snapshots = assistant.snapshots();
         s.sim_live = sim_live();
     });
-    let _ = ready.send(Ok(assistant.info().clone()));
+    let schemas = assistant.json_schemas();
+    // Built now (about a second for the 248k Qwen3.5 vocabulary) rather than by the first
+    // request with a schema. A tokenizer it cannot use leaves the node serving free text;
+    // each schema request is then refused with the reason.
+    if let Err(e) = schemas.prepare() {
+        tracing::warn!("constrained decoding (json_schema) is not available: {e}");
+    }
+    let _ = ready.send(Ok(Loaded {
+        info: assistant.info().clone(),
+        schemas,
+    }));
     let mut sessions = Sessions::new(config.session_memory_bytes, config.session_idle);
     loop {
         let job = match jobs.recv_timeout(IDLE_TICK) {
@@ -348,7 +369,7 @@ fn serve(
     job: Job,
     outputs: &Outputs,
     stats: &SharedStats,
-    generate: impl FnOnce(&mut JobPlan, &mut TokenSink<'_>) -> Result<Completion, Failure>,
+    generate: impl FnOnce(&mut JobPlan, &mut TokenSink<'_>) -> Result<Generated, Failure>,
 ) -> Served {
     let _span = tracing::info_span!("ask", request_id = %job.id).entered();
     let Job {
@@ -433,7 +454,7 @@ fn generate(
     plan: &mut JobPlan,
     sink: &mut TokenSink<'_>,
     lost: &mut Option<String>,
-) -> Result<Completion, Failure> {
+) -> Result<Generated, Failure> {
     plan.turn.images = plan.images.take_inputs()?;
     // Only a turn that may be continued pays for a state snapshot.
     plan.turn.keep = plan.session_id.is_some();
@@ -458,7 +479,11 @@ fn generate(
             }
             Failure::from_assistant(&e)
         })?;
-    if let (Some(sid), Some(conv)) = (&plan.session_id, reply.conversation) {
+    let incomplete = reply.is_incomplete();
+    // An unfinished JSON value fails its request, so like a cancelled answer it is not
+    // parked: the session goes on from its previous turn.
+    let conversation = reply.conversation.filter(|_| !incomplete);
+    if let (Some(sid), Some(conv)) = (&plan.session_id, conversation) {
         tracing::debug!(
             session = %sid,
             bytes = conv.size_bytes(),
@@ -467,7 +492,10 @@ fn generate(
         );
         sessions.put(sid.clone(), conv, Instant::now());
     }
-    Ok(reply.completion)
+    Ok(Generated {
+        completion: reply.completion,
+        incomplete,
+    })
 }
 
 fn record_timings(stats: &SharedStats, outcome: &Outcome) {

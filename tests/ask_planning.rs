@@ -6,6 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
+use std::path::Path;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bpu_vlm::ask::plan;
@@ -16,10 +18,22 @@ use bpu_vlm::params::Params;
 use camera_frame::{CacheConfig, CameraCache, Frame, ImageMsg, Limits, Stamp};
 use proptest::prelude::*;
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
+use vlm::assistant::load_tokenizer;
 use vlm::engine::ImageInput;
+use vlm::structured::JsonSchemas;
 
 fn params() -> Params {
     Params::from_values(&HashMap::new()).unwrap()
+}
+
+/// The JSON-schema compiler of the embedded demo model (its tokenizer, its 640-id
+/// vocabulary), as the node hands it to planning once the model is loaded.
+fn schemas() -> &'static JsonSchemas {
+    static SCHEMAS: OnceLock<JsonSchemas> = OnceLock::new();
+    SCHEMAS.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/models/tiny-4b");
+        JsonSchemas::new(load_tokenizer(&dir.join("tokenizer.json")).unwrap(), 640)
+    })
 }
 
 /// A cache with one camera holding a frame that arrived at `t0` and one that never sent any.
@@ -147,6 +161,32 @@ fn tools_json() -> impl Strategy<Value = String> {
     ]
 }
 
+/// Schemas a client may send: none, valid ones, text that is not JSON or not a schema,
+/// what the engine refuses, deep nesting, and sizes around `max_json_schema_bytes`.
+fn json_schema() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => Just(String::new()),
+        4 => prop::sample::select(vec![
+            r#"{"enum": ["yes", "no"]}"#,
+            r#"{"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"]}"#,
+            "true",
+            "false",
+            "{",
+            " ",
+            "null",
+            "[]",
+            "\u{0}",
+            r#"{"type": "string", "x-guidance": {}}"#,
+            r#"{"type": "nonsense"}"#,
+            r#"{"$ref": "http://example.com/s.json"}"#,
+        ])
+        .prop_map(str::to_owned),
+        1 => (100usize..3000).prop_map(|n| "[".repeat(n) + &"]".repeat(n)),
+        1 => (16382usize..16387).prop_map(|n| format!("{{{}}}", " ".repeat(n - 2))),
+        1 => "\\PC{0,24}",
+    ]
+}
+
 fn image() -> impl Strategy<Value = Image> {
     (
         prop::sample::select(vec!["rgb8", "mono8", "nv12", "jpeg", "png", "bogus", ""]),
@@ -179,7 +219,13 @@ fn compressed() -> impl Strategy<Value = CompressedImage> {
 
 fn request() -> impl Strategy<Value = Ask::Request> {
     let ids = (text(MAX_ID_BYTES), text(MAX_ID_BYTES));
-    let texts = (text(65536), text(65536), camera(), tools_json());
+    let texts = (
+        text(65536),
+        text(65536),
+        camera(),
+        tools_json(),
+        json_schema(),
+    );
     let floats = (
         f64_field(),
         f64_field(),
@@ -208,7 +254,7 @@ fn request() -> impl Strategy<Value = Ask::Request> {
     (ids, texts, floats, ints, bulk).prop_map(
         |(
             (request_id, session_id),
-            (prompt, system_prompt, camera, tools_json),
+            (prompt, system_prompt, camera, tools_json, json_schema),
             (
                 timeout_s,
                 max_image_age_s,
@@ -242,6 +288,7 @@ fn request() -> impl Strategy<Value = Ask::Request> {
             stop,
             use_default_stop,
             timeout_s,
+            json_schema,
         },
     )
 }
@@ -257,9 +304,24 @@ proptest! {
         let now = t0 + Duration::from_millis(500);
         let sent_images = req.images.len() + req.compressed_images.len();
         let (prompt_len, stops) = (req.prompt.len(), req.stop.clone());
-        match plan(req, &p, vision.then_some(&cache), now) {
+        let schema = !req.json_schema.is_empty();
+        let (thinking_asked, repetition_asked, presence_asked) =
+            (req.enable_thinking, req.repetition_penalty, req.presence_penalty);
+        match plan(req, &p, vision.then_some(&cache), Some(schemas()), now) {
             Ok(job) => {
                 let t = &job.turn;
+                prop_assert_eq!(t.json_schema.is_some(), schema);
+                if schema {
+                    prop_assert!(t.tools.is_empty() && t.stop.is_empty());
+                    prop_assert_eq!(t.thinking, thinking_asked == 1);
+                    if repetition_asked == -1.0 {
+                        prop_assert_eq!(t.sampling.repetition_penalty, 1.0);
+                    }
+                    if presence_asked < 0.0 {
+                        prop_assert_eq!(t.sampling.presence_penalty, 0.0);
+                    }
+                    prop_assert_eq!(t.sampling.frequency_penalty, 0.0);
+                }
                 prop_assert!(sent_images <= p.max_request_images);
                 prop_assert!(prompt_len <= p.max_prompt_bytes);
                 prop_assert!(!t.text.trim().is_empty());
@@ -309,6 +371,7 @@ enum Hostile {
     SystemPrompt(String),
     Camera(String),
     ToolsJson(String),
+    JsonSchema(String),
     RequestId(String),
     SessionId(String),
     Images(Vec<Image>),
@@ -334,6 +397,7 @@ impl Hostile {
             Self::SystemPrompt(v) => r.system_prompt = v,
             Self::Camera(v) => r.camera = v,
             Self::ToolsJson(v) => r.tools_json = v,
+            Self::JsonSchema(v) => r.json_schema = v,
             Self::RequestId(v) => r.request_id = v,
             Self::SessionId(v) => r.session_id = v,
             Self::Images(v) => r.images = v,
@@ -376,6 +440,7 @@ fn hostile() -> impl Strategy<Value = Hostile> {
         text(65536).prop_map(Hostile::SystemPrompt),
         camera().prop_map(Hostile::Camera),
         tools_json().prop_map(Hostile::ToolsJson),
+        json_schema().prop_map(Hostile::JsonSchema),
         text(MAX_ID_BYTES).prop_map(Hostile::RequestId),
         text(MAX_ID_BYTES).prop_map(Hostile::SessionId),
         prop::collection::vec(image(), 0..7).prop_map(Hostile::Images),
@@ -397,7 +462,7 @@ proptest! {
         req.camera = String::new();
         let must_name = h.non_finite();
         h.apply(&mut req);
-        match plan(req, &params(), Some(&cache), t0 + Duration::from_millis(500)) {
+        match plan(req, &params(), Some(&cache), Some(schemas()), t0 + Duration::from_millis(500)) {
             Ok(job) => prop_assert!(must_name.is_none(), "{:?} planned: {:?}", must_name, job.turn.sampling),
             Err(f) => {
                 prop_assert!(
@@ -438,7 +503,7 @@ fn valid() -> Ask::Request {
 
 fn refusal(req: Ask::Request) -> Option<String> {
     let t0 = Instant::now();
-    match plan(req, &params(), Some(&cameras(t0)), t0) {
+    match plan(req, &params(), Some(&cameras(t0)), Some(schemas()), t0) {
         Ok(_) => None,
         Err(f) => {
             assert_eq!(f.code, ErrorCode::InvalidRequest, "{}", f.message);
@@ -582,7 +647,7 @@ fn request_text_moves_into_the_turn() {
     r.prompt = "p".repeat(1000);
     let at = r.prompt.as_ptr();
     let t0 = Instant::now();
-    let job = plan(r, &params(), None, t0).unwrap();
+    let job = plan(r, &params(), None, None, t0).unwrap();
     assert_eq!(job.turn.text.as_ptr(), at);
 }
 
@@ -602,7 +667,7 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
         ..Default::default()
     }];
     let t0 = Instant::now();
-    let mut job = plan(r, &params(), Some(&cameras(t0)), t0).unwrap();
+    let mut job = plan(r, &params(), Some(&cameras(t0)), None, t0).unwrap();
     let inputs = job.images.take_inputs().unwrap();
     match &inputs[..] {
         [ImageInput::Rgb(img)] => {
@@ -611,4 +676,85 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
         }
         other => panic!("{} inputs", other.len()),
     }
+}
+
+/// The rules of a request with a `json_schema`, decided before queueing: compiled for the
+/// model (or refused naming the reason), exclusive with tools and stop strings, bounded by
+/// `max_json_schema_bytes`; thinking and the penalties off unless the request sets them.
+#[test]
+fn a_schema_is_compiled_before_queueing_and_changes_the_defaults() {
+    let with = |schema: &str, edit: &dyn Fn(&mut Ask::Request)| {
+        let mut r = valid();
+        r.json_schema = schema.to_owned();
+        edit(&mut r);
+        let t0 = Instant::now();
+        plan(r, &params(), Some(&cameras(t0)), Some(schemas()), t0)
+    };
+    let gate = r#"{"enum": ["yes", "no"]}"#;
+    let job = with(gate, &|_| {}).unwrap();
+    let t = &job.turn;
+    assert!(t.json_schema.is_some());
+    assert!(!t.thinking);
+    let s = &t.sampling;
+    assert_eq!(
+        (
+            s.repetition_penalty,
+            s.presence_penalty,
+            s.frequency_penalty
+        ),
+        (1.0, 0.0, 0.0),
+        "the node's presence penalty (1.5) is off for a schema"
+    );
+    // Free text keeps the node's defaults.
+    let free = with("", &|_| {}).unwrap();
+    assert!(free.turn.json_schema.is_none());
+    assert_eq!(free.turn.sampling.presence_penalty, 1.5);
+    // What the request sets, it gets.
+    let job = with(gate, &|r| {
+        r.enable_thinking = 1;
+        r.presence_penalty = 0.25;
+        r.repetition_penalty = 1.1;
+    })
+    .unwrap();
+    assert!(job.turn.thinking);
+    assert_eq!(
+        (
+            job.turn.sampling.presence_penalty,
+            job.turn.sampling.repetition_penalty
+        ),
+        (0.25, 1.1)
+    );
+    // An empty tools array is no tools.
+    assert!(with(gate, &|r| r.tools_json = "[]".into()).is_ok());
+
+    let refused = |schema: &str, edit: &dyn Fn(&mut Ask::Request), names: &[&str]| {
+        let f = with(schema, edit)
+            .err()
+            .unwrap_or_else(|| panic!("{schema}: planned"));
+        assert_eq!(f.code, ErrorCode::InvalidRequest, "{}", f.message);
+        for n in names {
+            assert!(f.message.contains(n), "{n}: {}", f.message);
+        }
+    };
+    refused("{", &|_| {}, &["json_schema", "not valid JSON"]);
+    refused(" ", &|_| {}, &["json_schema", "empty"]);
+    refused("[]", &|_| {}, &["json_schema", "an array"]);
+    refused(r#"{"type": "nonsense"}"#, &|_| {}, &["json_schema"]);
+    refused(
+        r#"{"type": "string", "x-guidance": {}}"#,
+        &|_| {},
+        &["x-guidance"],
+    );
+    refused(
+        gate,
+        &|r| r.tools_json = r#"[{"type": "function", "function": {"name": "f"}}]"#.into(),
+        &["tools_json"],
+    );
+    refused(gate, &|r| r.stop = vec!["}".into()], &["stop strings"]);
+    let big = format!(r#"{{"description": "{}"}}"#, "x".repeat(16384));
+    refused(
+        &big,
+        &|_| {},
+        &["json_schema", "max_json_schema_bytes", "16384"],
+    );
 }

@@ -88,6 +88,8 @@ fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask:
             sec: 7,
             nanosec: 999_999_999,
         },
+        image_width: 4_000_000_000,
+        image_height: 480,
         prompt_tokens: 100 + u32::try_from(request.prompt.chars().count())?,
         completion_tokens: u32::try_from(tokens.len())?,
         ttft_s: 0.125,
@@ -185,6 +187,11 @@ fn rust_defaults_and_constants_match_the_interface() {
             Ask::Response::ERROR_BACKEND_ERROR,
             ErrorCode::BackendError.as_str(),
             "backend_error",
+        ),
+        (
+            Ask::Response::ERROR_INCOMPLETE,
+            ErrorCode::Incomplete.as_str(),
+            "incomplete",
         ),
         (Token::FINISH_STOP, FinishReason::Stop.as_str(), "stop"),
         (
