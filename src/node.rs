@@ -227,18 +227,18 @@ pub async fn run(
     let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
     diagnostics::set_node_name(&ros_names::full_name(&namespace, NODE_NAME));
     let params = read_params(&mut node)?;
-    // Asks read a snapshot of these; `ros2 param set` replaces it.
-    let live = LiveParams::new(params.clone());
-    let server: Arc<Mutex<dyn r2r::RosParams + Send>> =
-        Arc::new(Mutex::new(ParamServer::new(live.clone())));
-    let (param_services, _events) = ros(
-        || "create the parameter services".to_owned(),
-        node.make_derived_parameter_handler(server),
-    )?;
     let sim_time = {
         let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
         crate::clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
     };
+    // Asks read a snapshot of these; `ros2 param set` replaces it.
+    let live = LiveParams::new(params.clone());
+    let server: Arc<Mutex<dyn r2r::RosParams + Send>> =
+        Arc::new(Mutex::new(ParamServer::new(live.clone(), sim_time)));
+    let (param_services, _events) = ros(
+        || "create the parameter services".to_owned(),
+        node.make_derived_parameter_handler(server),
+    )?;
     // Subscribed before anything is published, so no stamp mixes the two clocks.
     let sim_clock = if sim_time {
         crate::clock::enable_sim_time();

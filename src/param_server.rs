@@ -84,17 +84,28 @@ fn described(index: usize) -> &'static str {
 /// ([`r2r::Node::make_derived_parameter_handler`]).
 pub struct ParamServer {
     live: LiveParams,
+    /// `use_sim_time` as the node started with it (the clock is chosen once, at start).
+    use_sim_time: bool,
 }
 
+/// ROS's own parameter, read at start by the node's clock (`crate::clock`).
+const USE_SIM_TIME: &str = "use_sim_time";
+
 impl ParamServer {
-    pub fn new(live: LiveParams) -> Self {
-        Self { live }
+    pub fn new(live: LiveParams, use_sim_time: bool) -> Self {
+        Self { live, use_sim_time }
     }
 
     /// The parameters after setting `name` to `value`, checked as a params file would be;
     /// `None` when the value is the one in force (also for a restart-only parameter, so
     /// `ros2 param load` of a `ros2 param dump` succeeds on an unchanged node).
     pub fn candidate(&self, name: &str, value: &ParameterValue) -> Result<Option<Params>, Refusal> {
+        if name == USE_SIM_TIME {
+            return match value {
+                ParameterValue::Bool(b) if *b == self.use_sim_time => Ok(None),
+                _ => Err(Refusal::RestartOnly(USE_SIM_TIME)),
+            };
+        }
         let spec = spec(name).ok_or_else(|| Refusal::Unknown(name.to_owned()))?;
         let now = self.live.snapshot();
         let mut given: HashMap<String, ParameterValue> = now
@@ -195,7 +206,7 @@ mod tests {
 
     fn server() -> ParamServer {
         let p = Params::from_values(&HashMap::new()).unwrap();
-        ParamServer::new(LiveParams::new(p))
+        ParamServer::new(LiveParams::new(p), false)
     }
 
     fn d(x: f64) -> ParameterValue {
@@ -285,7 +296,15 @@ mod tests {
             .set_parameter("vision", &ParameterValue::Bool(false))
             .unwrap_err();
         assert!(e.to_string().contains("read at start only"), "{e}");
+        // use_sim_time is r2r's entry (get falls back to the node's map); the clock is
+        // chosen at start, so only its value in force is accepted.
         assert!(s.get_parameter("use_sim_time").is_err());
+        s.set_parameter("use_sim_time", &ParameterValue::Bool(false))
+            .unwrap();
+        let e = s
+            .set_parameter("use_sim_time", &ParameterValue::Bool(true))
+            .unwrap_err();
+        assert!(e.to_string().contains("read at start only"), "{e}");
     }
 
     /// Every parameter is listed once, in the table's order, with a description that says
