@@ -12,6 +12,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use r2r::indexmap::IndexMap;
 use r2r::{Parameter, ParameterValue, RosParams};
 
+use crate::panics::{contained, Panic};
 use crate::params::{spec, Apply, ParamError, Params, SPECS};
 
 /// The current parameters, shared by the parameter services (which replace them) and the
@@ -44,6 +45,10 @@ pub enum Refusal {
     RestartOnly(&'static str),
     #[error(transparent)]
     Invalid(#[from] ParamError),
+    /// A bug in the checks: the set is refused instead of ending the node (r2r runs these
+    /// handlers where a panic is fatal).
+    #[error("internal error while checking the value: {0}")]
+    Panicked(Panic),
 }
 
 impl Refusal {
@@ -107,6 +112,13 @@ impl ParamServer {
             };
         }
         let spec = spec(name).ok_or_else(|| Refusal::Unknown(name.to_owned()))?;
+        // `ros2 param delete` sends "not set"; every parameter of the node always has a value.
+        if *value == ParameterValue::NotSet {
+            return Err(Refusal::Invalid(ParamError {
+                name: spec.name,
+                reason: "cannot be deleted (unset)".into(),
+            }));
+        }
         let now = self.live.snapshot();
         let mut given: HashMap<String, ParameterValue> = now
             .effective()
@@ -190,12 +202,14 @@ impl RosParams for ParamServer {
     }
 
     fn set_parameter(&mut self, name: &str, value: &ParameterValue) -> r2r::Result<()> {
-        self.set(name, value).map_err(|e| e.into_r2r(name))
+        contained(|| self.set(name, value))
+            .unwrap_or_else(|p| Err(Refusal::Panicked(p)))
+            .map_err(|e| e.into_r2r(name))
     }
 
     fn check_parameter(&self, name: &str, value: &ParameterValue) -> r2r::Result<()> {
-        self.candidate(name, value)
-            .map(|_| ())
+        contained(|| self.candidate(name, value).map(|_| ()))
+            .unwrap_or_else(|p| Err(Refusal::Panicked(p)))
             .map_err(|e| e.into_r2r(name))
     }
 }
@@ -270,6 +284,8 @@ mod tests {
         assert!(e.to_string().contains("1..=32768"), "{e}");
         let e = s.set("request_timeout_s", &d(f64::NAN)).unwrap_err();
         assert!(e.to_string().contains("request_timeout_s"), "{e}");
+        let e = s.set("top_k", &ParameterValue::NotSet).unwrap_err();
+        assert!(e.to_string().contains("cannot be deleted"), "{e}");
         let e = s
             .set("enable_thinking", &ParameterValue::Integer(1))
             .unwrap_err();

@@ -113,6 +113,7 @@ async fn parameters_are_listed_described_set_refused_and_dumped() -> anyhow::Res
     assert!(reason(&rep, "out_of_range").contains("(0, 1]"));
     assert!(reason(&rep, "max_new_tokens_zero").contains("1..=32768"));
     assert!(reason(&rep, "unknown").contains("no_such_parameter"));
+    assert!(reason(&rep, "deleted").contains("cannot be deleted"));
     assert!(reason(&rep, "atomically").contains("vision"));
     assert_eq!(rep["unchanged_restart_only"]["successful"], true);
     let kept = &rep["after_refused"];

@@ -75,7 +75,9 @@ class Params:
     @staticmethod
     def msg(name, value):
         v = ParameterValue()
-        if isinstance(value, bool):
+        if value is None:
+            v.type = ParameterType.PARAMETER_NOT_SET  # what `ros2 param delete` sends
+        elif isinstance(value, bool):
             v.type, v.bool_value = ParameterType.PARAMETER_BOOL, value
         elif isinstance(value, int):
             v.type, v.integer_value = ParameterType.PARAMETER_INTEGER, value
@@ -137,6 +139,7 @@ def mode_serve(p, a, ps):
         'out_of_range': ps.set('top_p', 1.5),
         'max_new_tokens_zero': ps.set('max_new_tokens', 0),
         'unknown': ps.set('no_such_parameter', 1),
+        'deleted': ps.set('top_k', None),
         'atomically': ps.set_atomically([('top_k', 5), ('vision', False)]),
     }
     rep['unchanged_restart_only'] = ps.set('queue_depth', ps.get(['queue_depth'])
