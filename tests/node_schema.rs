@@ -4,7 +4,8 @@
 //! at temperature 1.0 over several seeds validate against a rich schema — checked in the peer
 //! by an independent validator (Python `jsonschema`); what cannot be enforced is refused
 //! with `invalid_request` before queueing; an answer cut by `max_new_tokens` is `incomplete`;
-//! free text is unaffected; `image_width`/`image_height` report the image used.
+//! free text is unaffected; `image_width`/`image_height` report the image used. Goals of
+//! the Ask action follow the same rules.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -182,6 +183,27 @@ async fn schema_answers_validate_and_what_cannot_be_enforced_is_refused() -> any
             "{t} vs {u}"
         );
     }
+
+    // The Ask action: the same rules, its result from the same outcome.
+    let act = &rep["action"];
+    assert_eq!(act["act-rich"]["success"], true, "{}", act["act-rich"]);
+    assert_eq!(act["act-rich"]["finish_reason"], "stop");
+    assert_eq!(act["act-rich"]["valid"], Value::Null, "{}", act["act-rich"]);
+    assert_eq!(
+        (
+            act["act-cut"]["error_code"].as_str(),
+            act["act-cut"]["finish_reason"].as_str()
+        ),
+        (Some("incomplete"), Some("length")),
+        "{}",
+        act["act-cut"]
+    );
+    assert_eq!(act["act-cut"]["success"], false);
+    assert_eq!(act["act-stop"]["error_code"], "invalid_request");
+    assert!(act["act-stop"]["error_message"]
+        .as_str()
+        .unwrap()
+        .contains("stop strings"));
 
     // Free text is unaffected: the same greedy ask answers the same before and after.
     assert_eq!(

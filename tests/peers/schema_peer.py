@@ -15,22 +15,27 @@ an independent validator (the `jsonschema` package), and the outcome goes into t
   t-* / u-*                  two sessions mixing schemas and free text; t has a turn cut
                              short (t-cut), which is not kept
   refused                    malformed, oversized, not enforceable, with tools, with stop
+  action                     the same through the Ask action: rich, cut, with stop
 """
 
 import argparse
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cv2  # noqa: E402
 import jsonschema  # noqa: E402
 import rclpy  # noqa: E402
+from rclpy.action import ActionClient  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 
+from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Ask  # noqa: E402
-from node_peer import Peer, check, load_rgb, report_and_exit, rgb8, with_header  # noqa: E402
+from node_peer import (Peer, check, load_rgb, plain, report_and_exit, rgb8,  # noqa: E402
+                       with_header)
 
 # Enums, bounded integers, a bounded array of bounded strings, booleans, a nested object and
 # required keys; no additional properties, so every value ends within a bounded length.
@@ -92,6 +97,36 @@ def validity(text, schema):
     except jsonschema.ValidationError as e:
         return f'invalid: {e.message}'
     return None
+
+
+def wait(p, future, what):
+    while not future.done() and time.monotonic() < p.deadline:
+        time.sleep(0.01)
+    check(future.done(), f'no {what}')
+    return future.result()
+
+
+def action_asks(p, a):
+    """Goals of the Ask action: its result comes from the same outcome as the response."""
+    client = ActionClient(p.node, AskAction, a.action)
+    check(client.wait_for_server(timeout_sec=p.left()), 'no action server')
+    out = {}
+    for rid, schema, extra in [('act-rich', RICH, dict(seed=31)),
+                               ('act-cut', RICH, dict(seed=32, max_new_tokens=a.cut_tokens)),
+                               ('act-stop', GATE, dict(stop=['}']))]:
+        goal = AskAction.Goal()
+        fields = dict(request_id=rid, prompt=a.prompt, camera='none', temperature=1.0,
+                      top_p=1.0, top_k=0, max_new_tokens=a.max_new_tokens,
+                      json_schema=json.dumps(schema))
+        fields.update(extra)
+        for k, v in fields.items():
+            setattr(goal, k, v)
+        handle = wait(p, client.send_goal_async(goal), f'goal response for {rid}')
+        r = plain(wait(p, handle.get_result_async(), f'result of {rid}').result)
+        if r['success']:
+            r['valid'] = validity(r['answer'], schema)
+        out[rid] = r
+    return out
 
 
 def run(p, a):
@@ -159,6 +194,7 @@ def run(p, a):
     for name, extra in refused.items():
         ask('refused-' + name, **extra)
 
+    rep['action'] = action_asks(p, a)
     greedy_free('free-after')
     check(Ask.Response.ERROR_INCOMPLETE == 'incomplete', 'ERROR_INCOMPLETE')
     return rep
@@ -172,6 +208,7 @@ def main():
     ap.add_argument('--answers', default='/vlm/answers')
     ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--camera', default='/cam')
+    ap.add_argument('--action', default='/vlm/ask')
     ap.add_argument('--prompt', default='Describe the scene as JSON.')
     ap.add_argument('--seeds', type=int, default=6)
     ap.add_argument('--max-new-tokens', type=int, default=512)
