@@ -218,6 +218,8 @@ pub fn check_stream(case: &str, r: &Value) {
         "reasoning",
         "finish_reason",
         "image_source",
+        "image_width",
+        "image_height",
         "prompt_tokens",
         "completion_tokens",
         "tool_calls_json",
