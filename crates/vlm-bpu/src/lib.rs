@@ -200,7 +200,7 @@ impl BpuBackend {
 
     /// Sets the BPU task priority (0 lowest ..= 255).
     pub fn set_priority(&mut self, priority: u8) {
-        self.sched.priority = priority;
+        <Self as Backend>::set_priority(self, priority);
     }
 
     /// How prompt tails run (stepped or padded, which layout) and how that was decided.
@@ -303,5 +303,9 @@ impl Backend for BpuBackend {
 
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         self.load_state(blob)
+    }
+
+    fn set_priority(&mut self, priority: u8) {
+        self.sched.priority = priority;
     }
 }

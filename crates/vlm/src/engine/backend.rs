@@ -76,6 +76,10 @@ pub trait Backend {
     /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
 
+    /// Sets the task priority of later graph runs (hbUCP: 0 lowest ..= 255), so background
+    /// work (a latest-frame pre-fill) yields to other tasks; the CPU has none.
+    fn set_priority(&mut self, _priority: u8) {}
+
     /// Free window slots, `CL - P`.
     fn context_left(&self) -> usize {
         self.info().context.saturating_sub(self.consumed())
@@ -153,6 +157,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         (**self).restore(blob)
+    }
+    fn set_priority(&mut self, priority: u8) {
+        (**self).set_priority(priority)
     }
     fn context_left(&self) -> usize {
         (**self).context_left()
