@@ -2,7 +2,8 @@
 
     .ros2/venv/bin/python tools/vlm-ask.py "What is in the picture?" \
         [--image tools/fixtures/images/scene_a.png --camera-topic /image_raw] \
-        [--camera none] [--session ID] [--temperature 0] [--max-new-tokens 64]
+        [--camera none] [--session ID] [--temperature 0] [--max-new-tokens 64] \
+        [--json-schema tools/bench/schemas/gate.json]
 
 With --image the picture is first published on --camera-topic (as a camera would, bgr8),
 so the node answers about it. Stands in for `ros2 service call /ask ...` plus
@@ -46,6 +47,8 @@ def main():
     p.add_argument('--temperature', type=float, default=-1.0)
     p.add_argument('--max-new-tokens', type=int, default=0)
     p.add_argument('--think', action='store_true')
+    p.add_argument('--json-schema', metavar='FILE',
+                   help='JSON Schema file: the answer is a JSON value valid under it (Ask.json_schema)')
     p.add_argument('--timeout', type=float, default=120.0)
     args = p.parse_args()
 
@@ -88,6 +91,9 @@ def main():
     req = Ask.Request(prompt=args.prompt, camera=args.camera, session_id=args.session,
                       temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                       enable_thinking=Ask.Request.ENABLE_THINKING_ON if args.think else Ask.Request.ENABLE_THINKING_DEFAULT)
+    if args.json_schema:
+        with open(args.json_schema, encoding='utf-8') as f:
+            req.json_schema = f.read()
     req.request_id = f'vlm-ask-{int(time.time() * 1000)}'
     state['id'] = req.request_id
     for t in state['pending']:
@@ -102,7 +108,8 @@ def main():
     r = future.result()
     print(f'[ask] success={r.success} finish_reason={r.finish_reason!r} '
           f'error_code={r.error_code!r} {r.error_message}')
-    print(f'[ask] image_source={r.image_source!r} prompt_tokens={r.prompt_tokens} '
+    print(f'[ask] image_source={r.image_source!r} image={r.image_width}x{r.image_height} '
+          f'prompt_tokens={r.prompt_tokens} '
           f'completion_tokens={r.completion_tokens} ttft={r.ttft_s:.3f}s '
           f'decode={r.decode_tokens_per_s:.1f} tok/s')
     node.destroy_node()
