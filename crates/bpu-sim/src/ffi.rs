@@ -449,7 +449,10 @@ pub unsafe extern "C" fn hbUCPSubmitTask(
         let backend_ok = p.backend == sys::HB_UCP_CORE_ANY
             || p.backend == sys::HB_UCP_BPU_CORE_ANY
             || (p.backend & !core_bits == 0);
-        if !(0..=255).contains(&p.priority) || !backend_ok {
+        let Ok(priority) = u8::try_from(p.priority) else {
+            return sys::HB_UCP_INVALID_ARGUMENT.into();
+        };
+        if !backend_ok {
             return sys::HB_UCP_INVALID_ARGUMENT.into();
         }
         match st.tasks.get(&(task as usize)) {
@@ -459,6 +462,7 @@ pub unsafe extern "C" fn hbUCPSubmitTask(
             }
             Some(_) => {}
         }
+        *st.submits_by_priority.entry(priority).or_default() += 1;
         let (status, mut d) = st.execute(task as usize);
         if let Some(FaultAction::Slow(extra)) = fault {
             d += extra;

@@ -61,6 +61,11 @@ impl Sim {
         self.lock().stats
     }
 
+    /// Tasks submitted so far per hbUCP priority (`hbUCPSubmitTask`'s `priority`).
+    pub fn submits_by_priority(&self) -> std::collections::BTreeMap<u8, u64> {
+        self.lock().submits_by_priority.clone()
+    }
+
     /// Replaces the fault plan.
     pub fn set_faults(&self, plan: FaultPlan) {
         self.lock().config.faults = plan;

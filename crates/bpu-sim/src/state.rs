@@ -80,6 +80,10 @@ pub(crate) struct SimState {
     pub tasks: HashMap<usize, Task>,
     next_task: usize,
     pub stats: SimStats,
+    /// Tasks submitted per hbUCP priority. One process runs its tasks in submission order, so
+    /// the priority changes nothing here; it is recorded so tests can see what a board's
+    /// scheduler would be asked for.
+    pub submits_by_priority: BTreeMap<u8, u64>,
 }
 
 // SAFETY: the raw pointers inside (host copies, name lists, scale arrays) point into heap data
@@ -97,6 +101,7 @@ impl SimState {
             tasks: HashMap::new(),
             next_task: TASK_BASE,
             stats: SimStats::default(),
+            submits_by_priority: BTreeMap::new(),
         }
     }
 
