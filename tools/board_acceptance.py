@@ -428,23 +428,39 @@ def section_timings(r, a):
 def section_node(r, a):
     domain = os.environ.get('BOARD_ACCEPTANCE_DOMAIN') or str(random.randint(40, 99))
     ns = '/board_acceptance'
-    env = dict(r.env, ROS_DOMAIN_ID=domain)
+    # Discovery stays on this machine: the acceptance node must not join a robot's graph.
+    local = ({'ROS_LOCALHOST_ONLY': '1'} if os.environ.get('ROS_DISTRO') == 'humble'
+             else {'ROS_AUTOMATIC_DISCOVERY_RANGE': 'LOCALHOST'})
+    env = dict(r.env, ROS_DOMAIN_ID=domain, **local)
     node_log = os.path.join(r.logs, 'node.log')
+    peer_log = os.path.join(r.logs, 'node-peer.log')
     cmd = [a.node, '--ros-args', '-r', f'__ns:={ns}', '--params-file',
            os.path.join(ROOT, 'launch', 'vlm_params.yaml'), '-p', f'model_dir:={a.package}']
-    with open(node_log, 'wb') as log:
+    profile = os.path.join(ROOT, 'launch', 'fastdds_large_frames.xml')
+    peer_cmd = [a.peer_python, os.path.join(ROOT, 'tools', 'board_node_peer.py'), '--ns', ns,
+                '--photo', a.photo, '--timeout', str(a.node_timeout)]
+    peer_env = dict(r.env, ROS_DOMAIN_ID=domain, FASTRTPS_DEFAULT_PROFILES_FILE=profile,
+                    FASTDDS_DEFAULT_PROFILES_FILE=profile, **local)
+    node_died = False
+    with open(node_log, 'wb') as log, open(peer_log, 'w+b') as plog:
         log.write(('$ ' + ' '.join(cmd) + '\n').encode())
         log.flush()
         node = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT)
         try:
-            profile = os.path.join(ROOT, 'launch', 'fastdds_large_frames.xml')
-            rc, out, err, peer_log = r.run(
-                'node-peer', [a.peer_python, os.path.join(ROOT, 'tools', 'board_node_peer.py'),
-                              '--ns', ns, '--photo', a.photo, '--timeout', str(a.node_timeout)],
-                env={'ROS_DOMAIN_ID': domain, 'FASTRTPS_DEFAULT_PROFILES_FILE': profile,
-                     'FASTDDS_DEFAULT_PROFILES_FILE': profile},
-                timeout=a.node_timeout + 60)
+            peer = subprocess.Popen(peer_cmd, env=peer_env, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=plog)
+            # The peer waits up to its timeout for /ask; a node that exits first (a bad
+            # package, a refused ION pool) ends the wait at once.
+            out = b''
+            while peer.poll() is None:
+                if node.poll() is not None:
+                    node_died = True
+                    peer.kill()
+                    break
+                time.sleep(0.2)
+            out = peer.communicate()[0]
+            rc = peer.returncode
         finally:
             if node.poll() is None:
                 node.send_signal(signal.SIGTERM)
@@ -453,15 +469,23 @@ def section_node(r, a):
             except subprocess.TimeoutExpired:
                 node.kill()
                 node_rc = node.wait()
+        plog.seek(0)
+        err = plog.read().decode('utf-8', 'replace')
+        plog.write(b'\n--- stdout\n' + out)
     rep = None
-    for line in out.splitlines():
+    for line in out.decode('utf-8', 'replace').splitlines():
         if line.startswith('REPORT '):
             rep = json.loads(line[len('REPORT '):])
     problems = []
-    if rc != 0 or rep is None:
-        problems.append(f'the ROS 2 peer failed (exit {rc}): {tail(err, 1)}')
-    if node_rc != 0:
-        problems.append(f'vlm_node exited {node_rc} after SIGTERM (0 expected)')
+    if node_died:
+        with open(node_log, encoding='utf-8', errors='replace') as f:
+            last = tail(f.read(), 1)
+        problems.append(f'vlm_node exited {node_rc} before the ask was answered: {last}')
+    else:
+        if rc != 0 or rep is None:
+            problems.append(f'the ROS 2 peer failed (exit {rc}): {tail(err, 1)}')
+        if node_rc != 0:
+            problems.append(f'vlm_node exited {node_rc} after SIGTERM (0 expected)')
     return {
         'pass': not problems,
         'problems': problems,

@@ -266,7 +266,8 @@ def node_md(sec):
                 f"| TTFT | {num(peer.get('ttft_s'), 's', 3)} | timings: image TTFT |",
                 f"| answer | {code(peer.get('answer'))} | the tokens' text, joined |",
                 f"| finish | {peer.get('finish_reason')} | stop or length |"]
-    out.append(f"\nNode exit code after SIGTERM: {sec.get('node_exit_code')} (0 expected).")
+    out.append(f"\nNode exit code: {sec.get('node_exit_code')} (0 expected: it is stopped with "
+               'SIGTERM once the ask is answered).')
     return out
 
 
