@@ -25,6 +25,11 @@ def code(text, limit=240):
     return '`' + s + '`'
 
 
+def cell(text, limit=240):
+    """`code` for a table cell: a `|` would end the cell, even inside a code span (GFM)."""
+    return code(text, limit).replace('|', '\\|')
+
+
 def gib(n):
     """A byte count for people: GiB, MiB or bytes."""
     if not isinstance(n, (int, float)):
@@ -107,13 +112,13 @@ def environment_md(sec):
             f"| SoC | {lib.get('soc')} | S100P (J6M, nash-m); the S100 (J6E) cannot load "
             'the 4B package |']
     for path in lib.get('libraries') or []:
-        out.append(f'| library | {code(path)} | |')
+        out.append(f'| library | {cell(path)} | |')
     ion = sec.get('ion') or {}
     out.append(f"| ION carveout | {gib(ion.get('available'))} ({ion.get('source')}) | "
                f"≥ {gib((ion.get('hbm_bytes') or 0) + (ion.get('buffer_bytes') or 0))} "
                f"(the package's .hbm files and buffers): {ion.get('verdict')} |")
     for node in ion.get('reserved_memory') or []:
-        out.append(f"| reserved-memory {code(node.get('name'))} | {gib(node.get('bytes'))} "
+        out.append(f"| reserved-memory {cell(node.get('name'))} | {gib(node.get('bytes'))} "
                    f"{node.get('error') or ''} | |")
     perf = sec.get('performance_mode') or {}
     regs = ', '.join(f'{k} = {v}' for k, v in (perf.get('registers') or {}).items())
@@ -129,7 +134,7 @@ def environment_md(sec):
         else:
             out.append(f"| {d['path']} | missing | present (seed card's device list) |")
     procs = sec.get('bpu_processes') or []
-    out.append('| other BPU processes | ' + ('; '.join(f"{p['pid']}: {code(p['cmdline'], 80)}"
+    out.append('| other BPU processes | ' + ('; '.join(f"{p['pid']}: {cell(p['cmdline'], 80)}"
                                                      for p in procs) or 'none')
                + ' | none (a second BPU LLM process can take the board down) |')
     out += ['', 'To set up what this section flags:', '',
@@ -157,7 +162,8 @@ def check_md(sec):
                + (' — calibration: ' + code(d.get('calibration'), 400) if d.get('calibration')
                   else ''))
     mem = rep.get('memory') or {}
-    out.append(f"ION pool: {gib(mem.get('available'))} available ({mem.get('source')}), "
+    avail = 'unlimited' if mem.get('unlimited') else gib(mem.get('available'))
+    out.append(f"ION pool: {avail} available ({mem.get('source')}), "
                f"{gib(mem.get('hbm_bytes'))} of .hbm + {gib(mem.get('buffer_bytes'))} of buffers "
                f"needed: **{mem.get('verdict')}** (seed: the 4B needs `bpu_first`)"
                + (f" — fix: `{mem.get('fix')}`" if mem.get('fix') else ''))
@@ -169,7 +175,7 @@ def check_md(sec):
         out += ['', 'Violations:'] + [f'- {code(v, 400)}' for v in rep['violations']]
     out += ['', '| file | bytes | sha256 |', '|---|---|---|']
     for f in sec.get('files') or []:
-        link = f" → {code(f['link_to'])}" if f.get('link_to') else ''
+        link = f" → {cell(f['link_to'])}" if f.get('link_to') else ''
         out.append(f"| {f['name']}{link} | {f['bytes']:,} | `{f['sha256']}` |")
     out.append('')
     out.append('The whole `vlm check --report --json` output is under `check.report` in '
@@ -189,9 +195,9 @@ def parity_md(sec):
         'the prefill graph (`--no-prefill-graph`).', '',
         '| run | tokens | finish | first token | answer |', '|---|---|---|---|---|',
         f"| prefill graph | {len(a.get('tokens') or [])} | {a.get('finish_reason')} | "
-        f"{(a.get('tokens') or [None])[0]} | {code(a.get('answer'), 160)} |",
+        f"{(a.get('tokens') or [None])[0]} | {cell(a.get('answer'), 160)} |",
         f"| `--no-prefill-graph` | {len(b.get('tokens') or [])} | {b.get('finish_reason')} | "
-        f"{(b.get('tokens') or [None])[0]} | {code(b.get('answer'), 160)} |",
+        f"{(b.get('tokens') or [None])[0]} | {cell(b.get('answer'), 160)} |",
         '', f"First token equal: {yes(sec.get('first_token_equal'))} (yes expected); first "
         f"difference at token: {yes(sec.get('first_difference_at'))} (none expected). A near-tie "
         'can flip between two int8 graphs (seed card: "1+1等于几?" 0.502 vs 0.489); a '
@@ -207,8 +213,8 @@ def contrast_md(sec):
     return [
         f"Question {code(sec.get('question'))} about {code(sec.get('photo'))}, greedy:", '',
         '| run | prompt rows | answer |', '|---|---|---|',
-        f"| with the photo | {w.get('prompt_tokens')} | {code(w.get('answer'))} |",
-        f"| without | {wo.get('prompt_tokens')} | {code(wo.get('answer'))} |",
+        f"| with the photo | {w.get('prompt_tokens')} | {cell(w.get('answer'))} |",
+        f"| without | {wo.get('prompt_tokens')} | {cell(wo.get('answer'))} |",
         '', 'Expected: different answers, the first about the photo (read them: a model that '
         'ignores the image still passes the mechanical check if its two answers differ).',
     ] + (['', 'Simulator run: the tiny random test model answers noise; only that the two '
@@ -248,8 +254,12 @@ def timings_md(sec):
     return out
 
 
-def node_md(sec):
+def node_md(sec, doc):
     peer = sec.get('peer') or {}
+    image_ttft = ((doc.get('timings') or {}).get('image_ttft_s') or {}).get('value')
+    rows = ((((doc.get('contrast') or {}).get('runs') or {}).get('with_image') or {})
+            .get('prompt_tokens'))
+    sim = (((doc.get('environment') or {}).get('run') or {}).get('mode')) == 'sim'
     out = [f"`vlm_node` in namespace `{sec.get('namespace')}` (ROS_DOMAIN_ID "
            f"{sec.get('ros_domain_id')}, ROS {sec.get('ros_distro')}), one camera frame on "
            f"`{sec.get('namespace')}/image_raw`, one `/ask` (greedy) answered over the graph."]
@@ -258,13 +268,18 @@ def node_md(sec):
         out += ['', '| what | found | expected |', '|---|---|---|',
                 f"| frame | {fr.get('width')}×{fr.get('height')} {fr.get('encoding')}, "
                 f"{peer.get('frames_sent')} sent | the answer's image_width/height equal it |",
-                f"| image_source | {code(peer.get('image_source'))} | the camera topic |",
+                f"| image_source | {cell(peer.get('image_source'))} | the camera topic |",
                 f"| tokens streamed | {peer.get('tokens_streamed')} (indices in order, the "
                 f"last one flagged `last`) | one per text piece: at most the "
                 f"{peer.get('completion_tokens')} completion tokens |",
-                f"| prompt tokens | {peer.get('prompt_tokens')} | |",
-                f"| TTFT | {num(peer.get('ttft_s'), 's', 3)} | timings: image TTFT |",
-                f"| answer | {code(peer.get('answer'))} | the tokens' text, joined |",
+                f"| prompt tokens | {peer.get('prompt_tokens')} | {rows}, as in contrast with the "
+                'photo (same question) |',
+                f"| TTFT | {num(peer.get('ttft_s'), 's', 3)} | compare the image TTFT of timings, "
+                f"{num(image_ttft, 's', 3)} ("
+                + ('measured on the 4B-shaped package, not this one)' if sim else
+                   'same photo and question; the node may pre-fill the newest frame before an '
+                   'ask)') + ' |',
+                f"| answer | {cell(peer.get('answer'))} | the tokens' text, joined |",
                 f"| finish | {peer.get('finish_reason')} | stop or length |"]
     out.append(f"\nNode exit code: {sec.get('node_exit_code')} (0 expected: it is stopped with "
                'SIGTERM once the ask is answered).')
@@ -303,7 +318,7 @@ def markdown(doc):
         p = problems(sec)
         if p:
             lines += [''] + p
-        body = render[s](sec)
+        body = render[s](sec, doc) if s == 'node' else render[s](sec)
         if body:
             lines += [''] + body
         logs = [f'`logs/{os.path.basename(sec[k])}`' for k in ('log', 'peer_log') if sec.get(k)]
