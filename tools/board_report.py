@@ -230,7 +230,8 @@ def timings_md(sec):
         out.append(f"**Simulator:** these are predictions of the BPU simulator's timing model "
                    f"(`BPU_SIM_TIMING={sec.get('sim_timing')}`) on a 4B-shaped package without "
                    'weights, not measurements of a board.')
-    out += ['', f"| measure | ours | published (seed package, ctx{ctx}) | ours / published |",
+    name = {4096: 'ctx4k', 512: 'ctx512'}.get(ctx, f'cache_len {ctx}: none published')
+    out += ['', f"| measure | ours | published (seed package, {name}) | ours / published |",
             '|---|---|---|---|']
     for key, (label, unit) in LABEL.items():
         m = sec.get(key) or {}
