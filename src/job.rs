@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use camera_frame::{CachedFrame, Frame, FrameHeader, Stamp};
-use vlm::assistant::Turn;
+use vlm::assistant::{ImageKey, Turn};
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
 
@@ -66,33 +66,56 @@ impl Images {
         }
     }
 
-    /// Converts the frames to RGB for the model. This is the costly part of an image, so it
-    /// runs on the worker when the job's turn comes, not when the request arrives. Request
-    /// frames are taken: their payload moves on (an rgb8 one without a copy); a camera frame
-    /// stays in the cache for the next ask, so it is converted from a shared reference.
-    pub fn take_inputs(&mut self) -> Result<Vec<ImageInput>, Failure> {
+    /// Converts the frames to RGB for the model, each with its identity in a conversation
+    /// ([`Turn::image_keys`]: a frame the session already holds is not added again). This is
+    /// the costly part of an image, so it runs on the worker when the job's turn comes, not
+    /// when the request arrives. Request frames are taken: their payload moves on (an rgb8
+    /// one without a copy) and their key is the content hash of the pixels; a camera frame
+    /// stays in the cache for the next ask, so it is converted from a shared reference, and
+    /// its key is the cached message's ([`camera_key`]).
+    pub fn take_inputs(&mut self) -> Result<(Vec<ImageInput>, Vec<Option<ImageKey>>), Failure> {
         match self {
-            Self::None => Ok(Vec::new()),
+            Self::None => Ok((Vec::new(), Vec::new())),
             Self::Request { frames, .. } => std::mem::take(frames)
                 .into_iter()
                 .enumerate()
                 .map(|(i, f)| {
-                    rgb_input(f.into_rgb8().map_err(|e| e.to_string())).map_err(|e| {
-                        Failure::new(ErrorCode::InvalidRequest, format!("request image {i}: {e}"))
-                    })
+                    let input =
+                        rgb_input(f.into_rgb8().map_err(|e| e.to_string())).map_err(|e| {
+                            Failure::new(
+                                ErrorCode::InvalidRequest,
+                                format!("request image {i}: {e}"),
+                            )
+                        })?;
+                    let key = match &input {
+                        ImageInput::Rgb(img) => Some(ImageKey::of_rgb(img)),
+                        ImageInput::Pixels(_) => None,
+                    };
+                    Ok((input, key))
                 })
                 .collect(),
-            Self::Camera(c) => Ok(vec![rgb_input(
-                c.frame.to_rgb8().map_err(|e| e.to_string()),
-            )
-            .map_err(|e| {
-                Failure::new(
-                    ErrorCode::NoImage,
-                    format!("the latest frame on {} cannot be decoded: {e}", c.topic),
-                )
-            })?]),
+            Self::Camera(c) => {
+                let input =
+                    rgb_input(c.frame.to_rgb8().map_err(|e| e.to_string())).map_err(|e| {
+                        Failure::new(
+                            ErrorCode::NoImage,
+                            format!("the latest frame on {} cannot be decoded: {e}", c.topic),
+                        )
+                    })?;
+                Ok((vec![input], vec![Some(camera_key(c))]))
+            }
         }
     }
+}
+
+/// A camera frame's identity: its topic and header stamp, and its arrival count on the topic,
+/// so a driver that stamps every frame alike (zero stamps) still gives each frame its own key.
+/// Two asks that select the same cached message get the same key.
+fn camera_key(c: &CachedFrame) -> ImageKey {
+    ImageKey::new(format!(
+        "camera:{}@{}.{:09}#{}",
+        c.topic, c.stamp.sec, c.stamp.nanosec, c.seq
+    ))
 }
 
 fn rgb_input(img: Result<camera_frame::RgbImage, String>) -> Result<ImageInput, String> {

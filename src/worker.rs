@@ -77,6 +77,9 @@ pub struct WorkerStats {
     pub session_bytes: usize,
     /// Decode-state snapshots taken since the model was opened ([`Assistant::snapshots`]).
     pub snapshots: u64,
+    /// Images sent through the vision tower since the model was opened
+    /// ([`Assistant::images_encoded`]); a frame a session already holds is not sent again.
+    pub images_encoded: u64,
     /// Simulator live buffers/tasks (`None` on the board or the CPU).
     pub sim_live: Option<(usize, usize)>,
 }
@@ -94,6 +97,7 @@ impl Default for WorkerStats {
             sessions: 0,
             session_bytes: 0,
             snapshots: 0,
+            images_encoded: 0,
             sim_live: None,
         }
     }
@@ -234,6 +238,7 @@ fn serve_all(
         });
         sessions.expire(Instant::now());
         let snapshots = assistant.snapshots();
+        let images_encoded = assistant.images_encoded();
         update(&stats, |s| {
             if served.ok {
                 s.served += 1;
@@ -246,6 +251,7 @@ fn serve_all(
             s.sessions = sessions.len();
             s.session_bytes = sessions.bytes();
             s.snapshots = snapshots;
+            s.images_encoded = images_encoded;
         });
         if let Some(reason) = lost {
             // hbdnn keeps what the hung task may still write; dropping releases the rest.
@@ -455,7 +461,7 @@ fn generate(
     sink: &mut TokenSink<'_>,
     lost: &mut Option<String>,
 ) -> Result<Generated, Failure> {
-    plan.turn.images = plan.images.take_inputs()?;
+    (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?;
     // Only a turn that may be continued pays for a state snapshot.
     plan.turn.keep = plan.session_id.is_some();
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));

@@ -668,7 +668,7 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
     }];
     let t0 = Instant::now();
     let mut job = plan(r, &params(), Some(&cameras(t0)), None, t0).unwrap();
-    let inputs = job.images.take_inputs().unwrap();
+    let (inputs, _keys) = job.images.take_inputs().unwrap();
     match &inputs[..] {
         [ImageInput::Rgb(img)] => {
             assert_eq!((img.width, img.height), (4, 3));
@@ -676,6 +676,61 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
         }
         other => panic!("{} inputs", other.len()),
     }
+}
+
+/// The identity an image has in a conversation (a session does not add a frame it holds):
+/// a camera frame is the cached message — selected again it has the same key, the next one on
+/// the topic another even with the same stamp — and a request image is its pixels, whatever
+/// encoding brought them.
+#[test]
+fn image_keys_name_the_cached_message_or_the_pixels() {
+    let t0 = Instant::now();
+    let cams = cameras(t0);
+    let keys = |r: Ask::Request, cams: &CameraCache| {
+        let mut job = plan(r, &params(), Some(cams), None, t0).unwrap();
+        let (inputs, keys) = job.images.take_inputs().unwrap();
+        assert_eq!(inputs.len(), keys.len());
+        keys.into_iter()
+            .map(|k| k.unwrap().as_str().to_owned())
+            .collect::<Vec<_>>()
+    };
+    let camera = || Ask::Request {
+        camera: "/cam".into(),
+        ..valid()
+    };
+    let first = keys(camera(), &cams);
+    assert!(first[0].starts_with("camera:/cam@"), "{first:?}");
+    assert_eq!(keys(camera(), &cams), first);
+    let same_stamp = Frame::from_image(
+        ImageMsg {
+            encoding: "mono8",
+            width: 2,
+            height: 2,
+            step: 2,
+            is_bigendian: false,
+            data: vec![1, 2, 3, 4],
+        },
+        &Limits::default(),
+    );
+    cams.record("/cam", same_stamp, Stamp::default(), t0)
+        .unwrap();
+    assert_ne!(keys(camera(), &cams), first);
+
+    let image = |encoding: &str, data: Vec<u8>| Ask::Request {
+        images: vec![Image {
+            encoding: encoding.into(),
+            width: 2,
+            height: 1,
+            step: 6,
+            data,
+            ..Default::default()
+        }],
+        ..valid()
+    };
+    let rgb = keys(image("rgb8", vec![1, 2, 3, 4, 5, 6]), &cams);
+    assert!(rgb[0].starts_with("sha256:"), "{rgb:?}");
+    assert_eq!(keys(image("bgr8", vec![3, 2, 1, 6, 5, 4]), &cams), rgb);
+    assert_ne!(keys(image("rgb8", vec![1, 2, 3, 4, 5, 7]), &cams), rgb);
 }
 
 /// The rules of a request with a `json_schema`, decided before queueing: compiled for the

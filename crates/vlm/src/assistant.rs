@@ -11,7 +11,10 @@
 //! `Send`).
 #![forbid(unsafe_code)]
 
+mod frames;
 mod warm_up;
+
+pub use frames::ImageKey;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -131,6 +134,10 @@ pub struct Turn {
     pub text: String,
     /// Images of the turn, in order (each becomes one image block before the text).
     pub images: Vec<ImageInput>,
+    /// `image_keys[i]` names `images[i]` (missing or `None`: no identity, always added). An
+    /// image whose key the continued conversation already holds is not added again: the turn
+    /// adds only its text and the answer refers to the earlier image block (`frames.rs`).
+    pub image_keys: Vec<Option<ImageKey>>,
     pub thinking: bool,
     /// System prompt of a fresh conversation; `None` = the model's own. Ignored when
     /// continuing a conversation (its system block is already in the state).
@@ -167,6 +174,7 @@ impl Turn {
         Self {
             text: text.into(),
             images: Vec::new(),
+            image_keys: Vec::new(),
             thinking: false,
             system: None,
             tools: Vec::new(),
@@ -204,6 +212,8 @@ pub struct Conversation {
     id: u64,
     state: StateBlob,
     turns: usize,
+    /// Keys of the images prefilled in `state`, in the order they were added.
+    images: Vec<ImageKey>,
 }
 
 impl Conversation {
@@ -220,6 +230,11 @@ impl Conversation {
     /// Window slots the conversation occupies.
     pub fn consumed(&self) -> Option<usize> {
         self.state.consumed()
+    }
+
+    /// Keys of the images the conversation holds ([`Turn::image_keys`]).
+    pub fn images(&self) -> &[ImageKey] {
+        &self.images
     }
 }
 
@@ -266,6 +281,8 @@ pub struct Assistant {
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
+    /// Images sent through the vision tower by [`Assistant::ask`].
+    images_encoded: u64,
     /// The model's JSON-schema compiler (token table built on first use).
     schemas: Arc<JsonSchemas>,
 }
@@ -375,6 +392,7 @@ impl Assistant {
             prefix: None,
             resident: Resident::Unknown,
             snapshots: 0,
+            images_encoded: 0,
             schemas,
         })
     }
@@ -423,6 +441,12 @@ impl Assistant {
         self.snapshots
     }
 
+    /// Images [`Assistant::ask`] sent through the vision tower (one tower run each); an image
+    /// the conversation already held is not counted ([`Turn::image_keys`]).
+    pub fn images_encoded(&self) -> u64 {
+        self.images_encoded
+    }
+
     /// The JSON-schema compiler of this model, for [`Turn::json_schema`]. `Send + Sync`: a
     /// front end keeps a clone on its request thread and compiles (refuses) there.
     pub fn json_schemas(&self) -> Arc<JsonSchemas> {
@@ -461,9 +485,18 @@ impl Assistant {
             (false, None) => return Err(AssistantError::Engine(EngineError::NoVision)),
             (false, Some(_)) => self.slot(),
         };
+        let held = conversation.map_or(&[][..], |c| c.images.as_slice());
+        let new = frames::new_images(&turn.images, &turn.image_keys, held);
+        if new.skipped > 0 {
+            tracing::debug!(
+                skipped = new.skipped,
+                added = new.images.len(),
+                "images already in the conversation are not added again"
+            );
+        }
         let user = UserTurn {
             text: &turn.text,
-            images: slot.map_or_else(Vec::new, |s| vec![s; turn.images.len()]),
+            images: slot.map_or_else(Vec::new, |s| vec![s; new.images.len()]),
             thinking: turn.thinking,
         };
         // Rows fed before the turn's own prompt (the system block of a fresh conversation).
@@ -474,7 +507,10 @@ impl Assistant {
                     self.resident = Resident::Unknown;
                     self.engine.backend_mut().restore(&c.state)?;
                 }
-                (self.template.render(None, &user)?, c.turns, c.id)
+                // A new id: it names a state, and the caller may continue `c` again later
+                // (a fork), which must restore `c`, not find this turn's state resident.
+                let id = NEXT_CONVERSATION.fetch_add(1, Ordering::Relaxed);
+                (self.template.render(None, &user)?, c.turns, id)
             }
             None => {
                 let opts = SystemOptions {
@@ -518,12 +554,13 @@ impl Assistant {
             prompt_tokens: 0,
             started: turn.started,
         };
+        self.images_encoded += new.images.len() as u64;
         let mut gen = match &turn.json_schema {
             Some(schema) => {
                 let mut constraint = schema.constraint(&stream.eos);
                 self.engine.generate_constrained(
                     &prompt,
-                    &turn.images,
+                    &new.images,
                     &mut sampler,
                     &mut constraint,
                     stream,
@@ -532,7 +569,7 @@ impl Assistant {
             }
             None => self.engine.generate(
                 &prompt,
-                &turn.images,
+                &new.images,
                 &mut sampler,
                 stream,
                 DecodeOptions::default(),
@@ -557,6 +594,7 @@ impl Assistant {
                 id,
                 state,
                 turns: turns + 1,
+                images: new.held,
             })
         } else {
             None

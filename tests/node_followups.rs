@@ -1,0 +1,102 @@
+//! Session follow-ups about a frame the conversation already holds, over a real ROS 2 graph
+//! (peer: `tests/peers/followup_peer.py`): a second ask about the same camera frame, or a
+//! request image with the same pixels, adds only its question — `prompt_tokens` equals the
+//! same question asked without an image, the answer is token for token that one, and the
+//! vision tower does not run (`images_encoded` in `/diagnostics`). A newer frame goes in as
+//! usual. The node runs the embedded tiny model on the BPU simulator.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use common::node_proc::{check_image_header, domain, ok, peer_env, start_demo_node};
+use common::{peer_report, ros_env, spawn_python};
+
+/// Rows of one 320 px image block on the demo model: 100 tower rows, `<|vision_start|>` and
+/// `<|vision_end|>` (as tests/node.rs measures).
+const IMAGE_BLOCK: u64 = 102;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follow_up_on_the_same_frame_adds_only_its_question() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    let node = start_demo_node(
+        &d,
+        &[
+            ("image_topics", "['/cam']"),
+            ("default_camera", "/cam"),
+            ("diagnostics_period_s", "0.05"),
+        ],
+        &env,
+    )?;
+    let peer = spawn_python("tests/peers/followup_peer.py", &[], &peer_env(&d))?;
+    let rep = peer_report(peer, Duration::from_secs(300)).await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+
+    let asks = &rep["asks"];
+    let r = |id: &str| -> &Value { &asks[id] };
+    for id in ["a-1", "a-2", "b-1", "b-2", "a-3", "r-1", "r-2", "r-3"] {
+        ok(id, r(id));
+    }
+    let rows = |id: &str| r(id)["response"]["prompt_tokens"].as_u64().unwrap();
+    let encoded = |id: &str| r(id)["images_encoded"].as_u64().unwrap();
+    let stamp = |id: &str| {
+        let s = &r(id)["response"]["image_stamp"];
+        [s["sec"].as_i64().unwrap(), s["nanosec"].as_i64().unwrap()]
+    };
+    let base = rep["base_images_encoded"].as_u64().unwrap();
+
+    // The first ask of a session adds its frame.
+    assert_eq!(encoded("a-1"), base + 1);
+    // The follow-up on the same frame: no tower run, only the question's rows, and the same
+    // answer as the same question without an image after the same first turn (session b).
+    assert_eq!(
+        encoded("a-2"),
+        encoded("a-1"),
+        "the tower ran for a held frame"
+    );
+    assert_eq!(encoded("b-1"), encoded("a-2") + 1);
+    assert_eq!(encoded("b-2"), encoded("b-1"));
+    assert_eq!(rows("a-2"), rows("b-2"));
+    assert_eq!(rows("a-1"), rows("b-1"));
+    assert_eq!(
+        r("a-2")["response"]["answer"],
+        r("b-2")["response"]["answer"]
+    );
+    // The response names the frame the answer is about: the one already in the session.
+    assert_eq!(r("a-2")["response"]["image_source"], "/cam");
+    assert_eq!(stamp("a-2"), stamp("a-1"));
+    check_image_header("a-2", r("a-2"), "cam_a", stamp("a-1"));
+    let sent_a: Vec<[i64; 2]> = serde_json::from_value(rep["sent_a"].clone())?;
+    assert!(sent_a.contains(&stamp("a-1")), "{:?}", stamp("a-1"));
+
+    // A newer frame is added to the same session.
+    assert_eq!(encoded("a-3"), encoded("b-2") + 1);
+    assert_eq!(rows("a-3"), rows("b-2") + IMAGE_BLOCK);
+    let sent_b: Vec<[i64; 2]> = serde_json::from_value(rep["sent_b"].clone())?;
+    assert!(sent_b.contains(&stamp("a-3")), "{:?}", stamp("a-3"));
+    check_image_header("a-3", r("a-3"), "cam_b", stamp("a-3"));
+
+    // Request images: the same pixels (here as a PNG) are not added twice; the response
+    // carries the header sent with the request.
+    assert_eq!(encoded("r-1"), encoded("a-3") + 1);
+    assert_eq!(rows("r-1"), rows("a-1"));
+    assert_eq!(
+        encoded("r-2"),
+        encoded("r-1"),
+        "the tower ran for held pixels"
+    );
+    assert_eq!(rows("r-2"), rows("b-2"));
+    assert_eq!(r("r-2")["response"]["image_source"], "request");
+    check_image_header("r-2", r("r-2"), "req_2", [2, 0]);
+    assert_eq!(encoded("r-3"), encoded("r-2") + 1);
+    assert_eq!(rows("r-3"), rows("b-2") + IMAGE_BLOCK);
+    Ok(())
+}
