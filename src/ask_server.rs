@@ -10,7 +10,7 @@ use r2r::ServiceRequest;
 use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::ask::{self, AskContext};
+use crate::ask::{self, AskContext, GoalHooks};
 use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
 use crate::outcome::{refused, Failure};
@@ -88,16 +88,25 @@ async fn answer(mut request: ServiceRequest<Ask::Service>, ctx: Arc<AskContext>)
     // Taken, not cloned: the request's images are its bulk, and they are copied once,
     // from the middleware's buffer into this message.
     let message = std::mem::take(&mut request.message);
+    let response = answer_contained(message, ctx, GoalHooks::default()).await;
+    if let Err(error) = request.respond(response) {
+        tracing::warn!(%error, "could not send the /ask response");
+    }
+}
+
+/// [`ask::handle_with`], where a request that trips a bug is refused with the reason and
+/// the node goes on (the service's requests and the action's goals alike).
+pub async fn answer_contained(
+    message: Ask::Request,
+    ctx: Arc<AskContext>,
+    hooks: GoalHooks,
+) -> Ask::Response {
     let id = message.request_id.clone();
-    let response = match contained_async(ask::handle(message, ctx)).await {
+    match contained_async(ask::handle_with(message, ctx, hooks)).await {
         Ok(response) => response,
-        // A request that trips a bug is refused with the reason; the node goes on.
         Err(p) => refused(
             id,
             Failure::new(ErrorCode::BackendError, format!("internal error: {p}")),
         ),
-    };
-    if let Err(error) = request.respond(response) {
-        tracing::warn!(%error, "could not send the /ask response");
     }
 }

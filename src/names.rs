@@ -1,6 +1,6 @@
 //! Names of the node and its entities, as pinned by the interface contract. Entity names are
 //! relative, so they move with the node's namespace: in the root namespace they are `/ask`,
-//! `/vlm/tokens`, `/vlm/answers` and `/vlm/cancel`.
+//! `/vlm/tokens`, `/vlm/answers`, `/vlm/cancel` and the action `/vlm/ask`.
 
 /// Default node name.
 pub const NODE_NAME: &str = "vlm_node";
@@ -10,6 +10,9 @@ pub const ASK_SERVICE: &str = "ask";
 
 /// Service stopping a request (`bpu_vlm_msgs/srv/Cancel`).
 pub const CANCEL_SERVICE: &str = "vlm/cancel";
+
+/// Action asking questions with Token feedback (`bpu_vlm_msgs/action/Ask`).
+pub const ASK_ACTION: &str = "vlm/ask";
 
 /// Topic of streamed deltas (`bpu_vlm_msgs/msg/Token`).
 pub const TOKENS_TOPIC: &str = "vlm/tokens";

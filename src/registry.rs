@@ -68,6 +68,16 @@ impl Registry {
 
     /// Admits `id`; the request keeps its place as long as it holds the [`Admission`].
     pub fn admit(self: &Arc<Self>, id: &str) -> Result<Admission, AdmitError> {
+        self.admit_with(id, Arc::new(AtomicBool::new(false)))
+    }
+
+    /// [`Registry::admit`] with a cancel flag made beforehand (an action goal's, which its
+    /// cancel may set before the request is admitted). The flag must be this request's own.
+    pub fn admit_with(
+        self: &Arc<Self>,
+        id: &str,
+        flag: Arc<AtomicBool>,
+    ) -> Result<Admission, AdmitError> {
         let mut live = self.lock();
         if live.contains_key(id) {
             return Err(AdmitError::DuplicateId(id.to_owned()));
@@ -75,7 +85,6 @@ impl Registry {
         if live.len() >= self.depth {
             return Err(AdmitError::Busy { depth: self.depth });
         }
-        let flag = Arc::new(AtomicBool::new(false));
         live.insert(id.to_owned(), flag.clone());
         Ok(Admission {
             registry: Arc::clone(self),

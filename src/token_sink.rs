@@ -6,6 +6,7 @@ use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
 use vlm::stream::FinishReason;
 
+use crate::ask_action::fields::GoalFeedback;
 use crate::clock;
 use crate::msgs::msg::Token;
 use crate::ros_text::{ros_text, ros_text_uncounted};
@@ -17,6 +18,8 @@ pub struct TokenSink<'a> {
     frame_id: &'a str,
     index: u32,
     finished: bool,
+    /// An action goal's feedback: each Token goes there too.
+    feedback: Option<&'a GoalFeedback>,
 }
 
 impl<'a> TokenSink<'a> {
@@ -27,7 +30,13 @@ impl<'a> TokenSink<'a> {
             frame_id,
             index: 0,
             finished: false,
+            feedback: None,
         }
+    }
+
+    /// Also sends every Token to an action goal's feedback.
+    pub fn with_feedback(self, feedback: Option<&'a GoalFeedback>) -> Self {
+        Self { feedback, ..self }
     }
 
     /// Publishes one delta; an empty one is skipped (it would carry nothing), and so is one
@@ -66,6 +75,9 @@ impl<'a> TokenSink<'a> {
         };
         if let Err(e) = self.publisher.publish(&msg) {
             tracing::warn!(request_id = %self.request_id, error = %e, "could not publish a Token");
+        }
+        if let Some(f) = self.feedback {
+            f.send(&msg);
         }
         // After the call: a publish that panicked (contained by the worker) leaves no gap.
         self.index += 1;

@@ -14,7 +14,7 @@
 //!   failure ([`fatal`]) and answers every queued and later job with `backend_error` until
 //!   the node closes the queue.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,7 @@ use crate::job::{Job, JobPlan};
 use crate::msgs::msg::{Answer, Token};
 use crate::outcome::{Failure, Generated, Outcome};
 use crate::panics::{contained, Panic};
+use crate::prefill::{Chosen, PrefillConfig, PrefillStats, Prefiller, RunEnd};
 use crate::sessions::Sessions;
 use crate::test_hooks::{self, Site};
 use crate::token_sink::TokenSink;
@@ -82,6 +83,8 @@ pub struct WorkerStats {
     pub images_encoded: u64,
     /// Simulator live buffers/tasks (`None` on the board or the CPU).
     pub sim_live: Option<(usize, usize)>,
+    /// Latest-frame pre-fill counters (`None` when it is off).
+    pub prefill: Option<PrefillStats>,
 }
 
 impl Default for WorkerStats {
@@ -99,6 +102,7 @@ impl Default for WorkerStats {
             snapshots: 0,
             images_encoded: 0,
             sim_live: None,
+            prefill: None,
         }
     }
 }
@@ -124,6 +128,14 @@ pub struct WorkerConfig {
     pub warm_up_system: Option<String>,
     /// Raised at shutdown: loading and warm-up stop at the next step or graph call.
     pub interrupt: Interrupt,
+    /// Latest-frame pre-fill (`None` when `prefill_latest_frame` is off or there is no vision).
+    pub prefill: Option<PrefillConfig>,
+}
+
+/// The share of `session_memory_mb` the cached system blocks may hold; the sessions get the
+/// rest, so both together stay within it.
+fn prefix_budget(session_memory: usize) -> usize {
+    session_memory / 4
 }
 
 /// Why the model could not be loaded, and whether a restart could help.
@@ -215,11 +227,58 @@ fn serve_all(
         info: assistant.info().clone(),
         schemas,
     }));
-    let mut sessions = Sessions::new(config.session_memory_bytes, config.session_idle);
+    let mut sessions = Sessions::new(
+        config.session_memory_bytes - prefix_budget(config.session_memory_bytes),
+        config.session_idle,
+    );
+    let mut prefiller = config
+        .prefill
+        .clone()
+        .map(|c| Prefiller::new(c, Instant::now()));
+    // A job that stopped a pre-fill: served next, before anything else is taken.
+    let mut pending: Option<Job> = None;
     loop {
-        let job = match jobs.recv_timeout(IDLE_TICK) {
+        let wait = prefiller
+            .as_ref()
+            .map_or(IDLE_TICK, |p| p.wait(Instant::now(), IDLE_TICK));
+        let next = match pending.take() {
+            Some(j) => Ok(j),
+            None if wait.is_zero() => jobs.try_recv().map_err(|e| match e {
+                TryRecvError::Empty => RecvTimeoutError::Timeout,
+                TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+            }),
+            None => jobs.recv_timeout(wait),
+        };
+        let mut job = match next {
             Ok(j) => j,
             Err(RecvTimeoutError::Timeout) => {
+                if let Some(p) = prefiller.as_mut() {
+                    let end = p.run(&mut assistant, &jobs, &mut pending, &config.interrupt);
+                    match end {
+                        RunEnd::Fine => {}
+                        RunEnd::Lost(reason) => {
+                            drop(assistant);
+                            let reason = format!("the BPU backend is lost: {reason}");
+                            return serve_failed(reason, pending, &jobs, &outputs, &stats);
+                        }
+                        RunEnd::Panicked(panic) => {
+                            tracing::error!("latest-frame pre-fill panicked: {panic}");
+                            assistant = match recover(assistant, &mut open, &config, &stats) {
+                                Ok(a) => a,
+                                Err(_) if config.interrupt.is_raised() => return,
+                                Err(reason) => {
+                                    return serve_failed(reason, pending, &jobs, &outputs, &stats)
+                                }
+                            };
+                        }
+                    }
+                    let ps = p.stats();
+                    update(&stats, |s| {
+                        s.prefill = Some(ps);
+                        s.snapshots = assistant.snapshots();
+                        s.sim_live = sim_live();
+                    });
+                }
                 sessions.expire(Instant::now());
                 update(&stats, |s| {
                     s.sessions = sessions.len();
@@ -229,17 +288,37 @@ fn serve_all(
             }
             Err(RecvTimeoutError::Disconnected) => break,
         };
+        let fresh = job
+            .plan
+            .session_id
+            .as_deref()
+            .is_none_or(|s| sessions.get(s).is_none());
+        let chosen = prefiller
+            .as_mut()
+            .and_then(|p| p.choose(&mut job.plan, fresh, &assistant));
         update(&stats, |s| s.state = WorkerState::Busy);
         let mut lost = None;
         let stopped = stopped_in_queue(&job);
         let served = serve(job, &outputs, &stats, |plan, sink| match stopped {
             Some(failure) => Err(failure),
-            None => generate(&mut assistant, &mut sessions, plan, sink, &mut lost),
+            None => {
+                let prefill = chosen.zip(prefiller.as_mut());
+                generate(
+                    &mut assistant,
+                    &mut sessions,
+                    plan,
+                    sink,
+                    &mut lost,
+                    prefill,
+                )
+            }
         });
         sessions.expire(Instant::now());
         let snapshots = assistant.snapshots();
         let images_encoded = assistant.images_encoded();
+        let prefill_stats = prefiller.as_ref().map(Prefiller::stats);
         update(&stats, |s| {
+            s.prefill = prefill_stats;
             if served.ok {
                 s.served += 1;
             } else {
@@ -257,7 +336,7 @@ fn serve_all(
             // hbdnn keeps what the hung task may still write; dropping releases the rest.
             drop(assistant);
             let reason = format!("the BPU backend is lost: {reason}");
-            return serve_failed(reason, &jobs, &outputs, &stats);
+            return serve_failed(reason, None, &jobs, &outputs, &stats);
         }
         if served.panic.is_some() {
             assistant = match recover(assistant, &mut open, &config, &stats) {
@@ -267,7 +346,7 @@ fn serve_all(
                     tracing::info!("shutdown while reopening the model: {reason}");
                     return;
                 }
-                Err(reason) => return serve_failed(reason, &jobs, &outputs, &stats),
+                Err(reason) => return serve_failed(reason, None, &jobs, &outputs, &stats),
             };
         }
         update(&stats, |s| {
@@ -287,6 +366,7 @@ fn load(
     let loaded = contained(|| {
         let mut a = open()?;
         a.warm_up(config.warm_up_system.clone(), &config.interrupt)?;
+        a.set_prefix_budget(prefix_budget(config.session_memory_bytes));
         Ok::<_, OpenError>(a)
     });
     match loaded {
@@ -347,10 +427,19 @@ fn recover(
 /// The engine is gone: marks the worker failed, raises the runtime failure, and answers
 /// every queued and later job with `backend_error` until the node closes the queue — a job
 /// the shutdown cancelled meanwhile too: the failure is why it was not served.
-fn serve_failed(reason: String, jobs: &Receiver<Job>, outputs: &Outputs, stats: &SharedStats) {
+fn serve_failed(
+    reason: String,
+    pending: Option<Job>,
+    jobs: &Receiver<Job>,
+    outputs: &Outputs,
+    stats: &SharedStats,
+) {
     update(stats, |s| s.state = WorkerState::Failed(reason.clone()));
     fatal::raise(reason.clone());
-    while let Ok(job) = jobs.recv() {
+    for job in pending
+        .into_iter()
+        .chain(std::iter::from_fn(|| jobs.recv().ok()))
+    {
         let failure = Failure::new(
             ErrorCode::BackendError,
             format!("the engine has failed and the node is restarting: {reason}"),
@@ -460,6 +549,7 @@ fn generate(
     plan: &mut JobPlan,
     sink: &mut TokenSink<'_>,
     lost: &mut Option<String>,
+    prefill: Option<(Chosen, &mut Prefiller)>,
 ) -> Result<Generated, Failure> {
     (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?;
     // Only a turn that may be continued pays for a state snapshot.
@@ -477,8 +567,16 @@ fn generate(
             sink.delta(text, reasoning);
         }
     };
-    let reply = assistant
-        .ask(conversation, &plan.turn, &mut on_event)
+    // Served from a pre-fill only as a fresh conversation; otherwise (or when the pre-fill
+    // cannot go on) as without it, on the frame `choose` put in the plan.
+    let prefilled = match prefill {
+        Some((chosen, p)) if conversation.is_none() => {
+            p.answer(chosen, assistant, &plan.turn, &mut on_event)
+        }
+        _ => None,
+    };
+    let reply = prefilled
+        .unwrap_or_else(|| assistant.ask(conversation, &plan.turn, &mut on_event))
         .map_err(|e| {
             if backend_lost(&e) {
                 *lost = Some(e.to_string());

@@ -1,0 +1,162 @@
+//! The Ask action (`/vlm/ask`, `bpu_vlm_msgs/action/Ask`) of the real `vlm_node` process
+//! against rclpy's ActionClient over a real ROS 2 graph (peer: `tests/peers/action_peer.py`):
+//! feedback Tokens are the tokens topic's and add up to the result's answer; a cancelled goal
+//! ends CANCELED with the partial answer; goals the service would refuse are accepted and
+//! then aborted with the service's error code; the service keeps working beside the action;
+//! finished goals leave the status array after the result timeout. The node runs the
+//! embedded tiny model on the BPU simulator.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use common::node_proc::{check_stream, domain, ok, peer_env, start_demo_node};
+use common::{peer_report, ros_env, spawn_python};
+
+// action_msgs/GoalStatus values.
+const SUCCEEDED: u64 = 4;
+const CANCELED: u64 = 5;
+const ABORTED: u64 = 6;
+const UNKNOWN: u64 = 0;
+
+/// One goal's report: accepted, the terminal status, and the feedback (read on the feedback
+/// topic, each message naming the goal) equal to the Tokens on the tokens topic, message for
+/// message.
+fn goal(case: &str, r: &Value, status: u64) {
+    assert_eq!(r["accepted"], true, "{case}: every goal is accepted");
+    assert_eq!(r["status"], status, "{case}: {}", r["response"]);
+    assert_eq!(
+        r["tokens"], r["topic_tokens"],
+        "{case}: feedback = the Tokens on /vlm/tokens"
+    );
+    assert_eq!(r["feedback_goal_ids_ok"], true, "{case}: feedback goal ids");
+}
+
+/// rclpy's ActionClient delivered feedback to the goal's callback while it ran (the last
+/// Tokens may come after the result, when the client no longer listens).
+fn client_saw_feedback(case: &str, r: &Value) {
+    assert!(
+        r["client_feedback"].as_u64().unwrap() >= 1,
+        "{case}: no feedback reached the ActionClient's callback"
+    );
+}
+
+/// A goal refused on the service's path: accepted, ABORTED, `code` with a reason, and
+/// nothing streamed.
+fn aborted_with(case: &str, r: &Value, code: &str) {
+    goal(case, r, ABORTED);
+    let res = &r["response"];
+    assert_eq!(res["success"], false, "{case}");
+    assert_eq!(res["error_code"], code, "{case}: {res}");
+    assert!(
+        !res["error_message"].as_str().unwrap().is_empty(),
+        "{case}: the reason is in the result"
+    );
+    assert_eq!(res["finish_reason"], "", "{case}: generation never started");
+    assert!(
+        r["tokens"].as_array().unwrap().is_empty(),
+        "{case}: feedback"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    // Every BPU task 40 ms slower: a 400-token goal is still running when it is cancelled
+    // and while the queue is full.
+    let slow = vec![("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=40".to_owned())];
+    let node = start_demo_node(
+        &d,
+        &[("queue_depth", "2"), ("diagnostics_period_s", "0.1")],
+        &slow,
+    )?;
+    let peer = spawn_python(
+        "tests/peers/action_peer.py",
+        &["protocol", "--queue-depth", "2"],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(300)).await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+
+    let g = &rep["greedy"];
+    goal("greedy", g, SUCCEEDED);
+    // The feedback adds up to the result's answer; the Answer matches the result.
+    let answer = ok("greedy goal", g);
+    client_saw_feedback("greedy", g);
+    assert!(!answer.is_empty());
+    // The same question over the service: the same path, the same answer.
+    assert_eq!(ok("service", &rep["service_greedy"]), answer);
+
+    let cr = &rep["cancel_response"];
+    assert_eq!(cr["return_code"], 0, "{cr}");
+    assert_eq!(cr["goals_canceling"].as_array().unwrap().len(), 1, "{cr}");
+    let c = &rep["cancelled"];
+    goal("cancelled", c, CANCELED);
+    let res = &c["response"];
+    assert_eq!(res["success"], false);
+    assert_eq!(res["error_code"], "cancelled");
+    assert_eq!(res["finish_reason"], "cancelled");
+    check_stream("cancelled goal", c);
+    client_saw_feedback("cancelled", c);
+    assert!(
+        res["completion_tokens"].as_u64().unwrap() < 400,
+        "stopped early: {res}"
+    );
+
+    aborted_with("busy", &rep["busy"], "busy");
+    aborted_with("empty prompt", &rep["invalid"], "invalid_request");
+    let all = &rep["cancel_all_response"];
+    assert_eq!(all["return_code"], 0, "{all}");
+    assert_eq!(
+        all["goals_canceling"].as_array().unwrap().len(),
+        2,
+        "both queue goals were running or queued: {all}"
+    );
+    for q in rep["queued"].as_array().unwrap() {
+        goal("queued", q, CANCELED);
+        assert_eq!(q["response"]["error_code"], "cancelled", "{q}");
+    }
+
+    ok("service beside a goal", &rep["service_alongside"]);
+    let ga = &rep["goal_alongside"];
+    goal("goal beside a service ask", ga, SUCCEEDED);
+    ok("goal beside a service ask", ga);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_status_stays_bounded_as_finished_goals_expire() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let count = 300;
+    let node = start_demo_node(&d, &[("action_result_timeout_s", "1.0")], &[])?;
+    let peer = spawn_python(
+        "tests/peers/action_peer.py",
+        &["expiry", "--count", &count.to_string(), "--timeout", "280"],
+        &peer_env(&d),
+    )?;
+    let rep = peer_report(peer, Duration::from_secs(300)).await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "vlm_node exit status {exit}");
+    assert_eq!(
+        rep["statuses"][SUCCEEDED.to_string()],
+        count,
+        "every goal succeeded: {}",
+        rep["statuses"]
+    );
+    // Without expiry the last array would hold every goal; here earlier goals leave while
+    // later ones run (300 goals take far longer than the 1 s result timeout).
+    let max = rep["max_status_length"].as_u64().unwrap();
+    assert!(max >= 1 && max < count, "status array up to {max} goals");
+    assert_eq!(rep["final_status_length"], 0, "every finished goal expired");
+    assert_eq!(rep["expired_status"], UNKNOWN, "an expired goal is unknown");
+    assert_eq!(rep["expired_success"], false);
+    Ok(())
+}

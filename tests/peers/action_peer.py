@@ -1,0 +1,236 @@
+"""rclpy peer for tests/node_action.rs: drives the node's Ask action (/vlm/ask) with rclpy's
+ActionClient, beside the Ask service.
+
+Run with .ros2/venv/bin/python. Prints one JSON line prefixed "REPORT " and then "PEER OK",
+like node_peer.py (whose Peer it uses). A goal's report has the shape of an ask's in
+node_peer.py — 'response' (the goal's result), 'tokens' (its feedback Tokens, in arrival
+order), 'answer' (the Answer on /vlm/answers) — plus 'accepted', 'status' (the terminal
+GoalStatus), 'topic_tokens' (the request's Tokens on /vlm/tokens), 'feedback_goal_ids_ok'
+(every feedback message named the goal) and 'client_feedback' (how many the ActionClient's
+feedback callback got).
+
+The feedback Tokens are read from the feedback topic with a subscription of their own:
+rclpy's ActionClient forgets a goal's feedback callback when the result arrives, and DDS does
+not order the feedback topic with the result service, so the last Tokens of a goal may reach
+the client after its result (feedback is best effort; the result is authoritative). The
+subscription sees every Token the node sends as feedback.
+
+  protocol  a greedy goal and the same question over the service; a goal cancelled
+            mid-stream; goals while the queue is full (busy) and with an empty prompt
+            (invalid); a goal and a service ask at once
+  expiry    many short goals one after another at a short result timeout: the status array
+            the node publishes, and the result of the first goal once it has expired
+"""
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rclpy  # noqa: E402
+from action_msgs.msg import GoalStatus, GoalStatusArray  # noqa: E402
+from action_msgs.srv import CancelGoal  # noqa: E402
+from rclpy.action import ActionClient  # noqa: E402
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
+
+from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
+
+from node_peer import Peer, check, plain, report_and_exit  # noqa: E402
+
+
+class ActionPeer(Peer):
+    def __init__(self, args):
+        super().__init__(args)
+        self.feedback = {}
+        self.client_feedback = {}
+        self.status_lengths = []
+        self.action = ActionClient(self.node, AskAction, args.action)
+        self.cancel_all_client = self.node.create_client(
+            CancelGoal, args.action + '/_action/cancel_goal')
+        # As rcl_action's status QoS: a late subscriber gets the latest array.
+        qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                         durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self.node.create_subscription(GoalStatusArray, args.action + '/_action/status',
+                                      self.on_status, qos)
+        deep = QoSProfile(depth=4096, reliability=ReliabilityPolicy.RELIABLE)
+        self.node.create_subscription(AskAction.Impl.FeedbackMessage,
+                                      args.action + '/_action/feedback', self.on_feedback, deep)
+
+    def on_feedback(self, msg):
+        t = msg.feedback.token
+        with self.lock:
+            self.feedback.setdefault(t.request_id, []).append((bytes(msg.goal_id.uuid), t))
+
+    def on_status(self, msg):
+        with self.lock:
+            self.status_lengths.append(len(msg.status_list))
+
+    def wait_action(self):
+        check(self.action.wait_for_server(timeout_sec=self.left()), 'no action server')
+        # Feedback is a topic: wait until the node's feedback publisher is matched too.
+        topic = self.args.action + '/_action/feedback'
+        while self.node.count_publishers(topic) == 0 and time.monotonic() < self.deadline:
+            time.sleep(0.05)
+        check(self.node.count_publishers(topic) > 0, 'no feedback publisher')
+        time.sleep(0.5)
+
+    def wait(self, future, what):
+        while not future.done() and time.monotonic() < self.deadline:
+            time.sleep(0.01)
+        check(future.done(), f'no {what}')
+        return future.result()
+
+    def send(self, **fields):
+        """Sends a goal; returns (goal handle, request id)."""
+        goal = AskAction.Goal()
+        for k, v in fields.items():
+            setattr(goal, k, v)
+        rid = goal.request_id
+
+        def on_feedback(msg):
+            with self.lock:
+                self.client_feedback[rid] = self.client_feedback.get(rid, 0) + 1
+
+        handle = self.wait(self.action.send_goal_async(goal, feedback_callback=on_feedback),
+                           f'goal response for {rid}')
+        return handle, rid
+
+    def result(self, handle, rid):
+        """Waits for the goal's result and, when generation ran, its last Token on the
+        topic and in the feedback, and its Answer."""
+        r = self.wait(handle.get_result_async(), f'result of {rid}')
+        if r.result.finish_reason:
+            while time.monotonic() < self.deadline:
+                with self.lock:
+                    done = (any(t.last for t in self.tokens.get(rid, []))
+                            and any(t.last for _, t in self.feedback.get(rid, []))
+                            and rid in self.answers)
+                if done:
+                    break
+                time.sleep(0.01)
+        with self.lock:
+            feedback = list(self.feedback.get(rid, []))
+            client_feedback = self.client_feedback.get(rid, 0)
+            topic = sorted(self.tokens.get(rid, []), key=lambda t: t.index)
+            answer = self.answers.get(rid)
+        return {
+            'accepted': handle.accepted,
+            'status': r.status,
+            'response': plain(r.result),
+            'tokens': [plain(t) for _, t in feedback],
+            'feedback_goal_ids_ok': all(g == bytes(handle.goal_id.uuid) for g, _ in feedback),
+            'client_feedback': client_feedback,
+            'topic_tokens': [plain(t) for t in topic],
+            'answer': plain(answer) if answer is not None else None,
+        }
+
+    def first_feedback(self, rid):
+        while time.monotonic() < self.deadline:
+            with self.lock:
+                if self.feedback.get(rid):
+                    return
+            time.sleep(0.01)
+        check(False, f'no feedback for {rid}')
+
+
+def greedy(a, rid, **extra):
+    fields = dict(request_id=rid, prompt=a.prompt, camera='none', temperature=0.0, top_p=1.0,
+                  top_k=0, presence_penalty=0.0, max_new_tokens=a.max_new_tokens)
+    fields.update(extra)
+    return fields
+
+
+def long_goal(a, rid):
+    return greedy(a, rid, max_new_tokens=400, use_default_stop=False)
+
+
+def mode_protocol(p, a):
+    p.wait_ask()
+    p.wait_action()
+    rep = {}
+    h, rid = p.send(**greedy(a, 'g-1'))
+    rep['greedy'] = p.result(h, rid)
+    rep['service_greedy'] = p.ask(**greedy(a, 's-1'))
+
+    # Cancel mid-stream through the action.
+    h, rid = p.send(**long_goal(a, 'c-1'))
+    p.first_feedback(rid)
+    rep['cancel_response'] = plain(p.wait(h.cancel_goal_async(), 'cancel response'))
+    rep['cancelled'] = p.result(h, rid)
+
+    # A full queue: depth goals that run long, then one more (busy), then an empty prompt.
+    running = [p.send(**long_goal(a, f'q-{i}')) for i in range(a.queue_depth)]
+    p.first_feedback(running[0][1])
+    full = str(a.queue_depth)
+    while p.last_diag().get('queue_depth') != full and time.monotonic() < p.deadline:
+        time.sleep(0.02)
+    check(p.last_diag().get('queue_depth') == full, 'the queue never filled')
+    h, rid = p.send(**greedy(a, 'busy-1'))
+    rep['busy'] = p.result(h, rid)
+    h, rid = p.send(**greedy(a, 'empty-1', prompt=''))
+    rep['invalid'] = p.result(h, rid)
+    # Cancel every goal at once (zero goal id, zero stamp).
+    rep['cancel_all_response'] = plain(
+        p.wait(p.cancel_all_client.call_async(CancelGoal.Request()), 'cancel-all response'))
+    rep['queued'] = [p.result(h, rid) for h, rid in running]
+
+    # A goal and a service ask at the same time.
+    h, rid = p.send(**greedy(a, 'g-2'))
+    rep['service_alongside'] = p.ask(**greedy(a, 's-2'))
+    rep['goal_alongside'] = p.result(h, rid)
+    return rep
+
+
+def mode_expiry(p, a):
+    p.wait_ask()
+    p.wait_action()
+    rep = {'count': a.count, 'statuses': {}}
+    first = None
+    for i in range(a.count):
+        h, rid = p.send(**greedy(a, f'e-{i}', max_new_tokens=2))
+        r = p.wait(h.get_result_async(), f'result of {rid}')
+        rep['statuses'][str(r.status)] = rep['statuses'].get(str(r.status), 0) + 1
+        if first is None:
+            first = h
+    with p.lock:
+        rep['max_status_length'] = max(p.status_lengths, default=-1)
+        rep['status_messages'] = len(p.status_lengths)
+    # Every goal has ended: the status array empties once the last one expires.
+    while time.monotonic() < p.deadline:
+        with p.lock:
+            if p.status_lengths and p.status_lengths[-1] == 0:
+                break
+        time.sleep(0.05)
+    with p.lock:
+        rep['final_status_length'] = p.status_lengths[-1] if p.status_lengths else -1
+    r = p.wait(first.get_result_async(), 'result of the expired goal')
+    rep['expired_status'] = r.status
+    rep['expired_success'] = r.result.success
+    rep['unknown'] = GoalStatus.STATUS_UNKNOWN
+    return rep
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('mode', choices=['protocol', 'expiry'])
+    ap.add_argument('--action', default='/vlm/ask')
+    ap.add_argument('--ask', default='/ask')
+    ap.add_argument('--cancel', default='/vlm/cancel')
+    ap.add_argument('--tokens', default='/vlm/tokens')
+    ap.add_argument('--answers', default='/vlm/answers')
+    ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap.add_argument('--prompt', default='What do you see?')
+    ap.add_argument('--max-new-tokens', type=int, default=12)
+    ap.add_argument('--queue-depth', type=int, default=2)
+    ap.add_argument('--count', type=int, default=300)
+    ap.add_argument('--timeout', type=float, default=240.0)
+    a = ap.parse_args()
+    rclpy.init()
+    p = ActionPeer(a)
+    report_and_exit(lambda: {'protocol': mode_protocol, 'expiry': mode_expiry}[a.mode](p, a))
+
+
+if __name__ == '__main__':
+    main()
