@@ -154,6 +154,10 @@ async fn action_status_stays_bounded_as_finished_goals_expire() -> anyhow::Resul
     // Without expiry the last array would hold every goal; here earlier goals leave while
     // later ones run (300 goals take far longer than the 1 s result timeout).
     let max = rep["max_status_length"].as_u64().unwrap();
+    eprintln!(
+        "{count} goals: status arrays of at most {max} goals over {} status messages",
+        rep["status_messages"]
+    );
     assert!(max >= 1 && max < count, "status array up to {max} goals");
     assert_eq!(rep["final_status_length"], 0, "every finished goal expired");
     assert_eq!(rep["expired_status"], UNKNOWN, "an expired goal is unknown");
