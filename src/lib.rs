@@ -18,7 +18,8 @@
 //!
 //! [`node`] creates the entities, threads and shutdown ([`ask_server`] tracks every `/ask`
 //! task until its response is sent; [`ask_action`] serves the same asks as the action
-//! `vlm/ask`, each goal on the service's path with its Tokens as feedback; [`signals`]: SIGINT, SIGTERM); [`diagnostics`] reports on
+//! `vlm/ask`, each goal on the service's path with its Tokens as feedback; [`signals`]:
+//! SIGINT, SIGTERM); [`diagnostics`] reports on
 //! `/diagnostics` (the level judged by [`health`]); [`rosout`] sends warnings to `/rosout`;
 //! [`embedded`] is the demo model (`demo_model`); [`log_level`] sets the stderr log level from
 //! `--ros-args --log-level`.
