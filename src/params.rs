@@ -83,7 +83,7 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "action_name", default: || s(ASK_ACTION), description: "Name of the Ask action (bpu_vlm_msgs/action/Ask).", apply: Restart },
     Spec { name: "action_result_timeout_s", default: || ParameterValue::Double(900.0), description: "A finished action goal (its status and result) is kept this long, in seconds (> 0), then forgotten, as rcl_action's result timeout.", apply: Restart },
     Spec { name: "diagnostics_period_s", default: || ParameterValue::Double(1.0), description: "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds (> 0).", apply: Restart },
-    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots), 0..=1048576 MiB; the least recently used go first.", apply: Restart },
+    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots), 0..=1048576 MiB; the least recently used go first. A quarter of it holds the cached system prompts.", apply: Restart },
     Spec { name: "session_idle_s", default: || ParameterValue::Double(600.0), description: "A conversation unused this long (seconds, > 0) is dropped.", apply: Restart },
     Spec { name: "cache_dir", default: || s(""), description: "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`.", apply: Restart },
 ];

@@ -322,7 +322,12 @@ async fn node_soak_returns_to_baseline() -> anyhow::Result<()> {
     let d = domain();
     let node = start_node(
         &d,
-        &[("diagnostics_period_s", "0.2"), ("session_idle_s", "3.0")],
+        &[
+            ("diagnostics_period_s", "0.2"),
+            ("session_idle_s", "3.0"),
+            // Counts simulator buffers and tasks: no background pre-fill.
+            ("prefill_latest_frame", "false"),
+        ],
         &[],
     )?;
     let peer = spawn_python(

@@ -258,7 +258,12 @@ async fn snapshots_only_for_sessions_and_ids_are_free_once_answered() -> anyhow:
     ros_env();
     let _serial = SERIAL.lock().await;
     let d = domain();
-    let node = Node::start(&d, &[("diagnostics_period_s", "0.05")], &[])?;
+    // Counts state snapshots: no background pre-fill (it takes one per frame).
+    let params = [
+        ("diagnostics_period_s", "0.05"),
+        ("prefill_latest_frame", "false"),
+    ];
+    let node = Node::start(&d, &params, &[])?;
     let peer = spawn_python(
         "tests/peers/session_peer.py",
         &["all", "--count", "30"],

@@ -12,9 +12,12 @@
 #![forbid(unsafe_code)]
 
 mod frames;
+mod prefill;
+mod prefix_cache;
 mod warm_up;
 
 pub use frames::ImageKey;
+pub use prefill::{ImagePrefill, PrefillOutcome};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,7 +27,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
-use crate::chat::{ChatError, ChatTemplate, ImageSlot, Pos3, SystemOptions, UserTurn};
+use crate::chat::{ChatError, ChatTemplate, ImageSlot, SystemOptions, UserTurn};
 use crate::engine::{
     Backend, ConstraintOutcome, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError,
     ImageInput, StateBlob,
@@ -266,6 +269,8 @@ impl Reply {
 enum Resident {
     Unknown,
     Conversation(u64),
+    /// The state of the stopped pre-fill with this id ([`Assistant::resume_prefill`]).
+    Prefill(u64),
 }
 
 static NEXT_CONVERSATION: AtomicU64 = AtomicU64::new(1);
@@ -276,8 +281,10 @@ pub struct Assistant {
     template: ChatTemplate,
     eos: Vec<u32>,
     info: ModelInfo,
-    /// The system block last prefilled (its text) and the state right after it.
-    prefix: Option<(String, StateBlob)>,
+    /// The system blocks prefilled (by their text) and the state right after each.
+    prefix: prefix_cache::PrefixCache,
+    /// A latest-frame pre-fill stopped between graph calls ([`Assistant::resume_prefill`]).
+    partial: Option<prefill::Partial>,
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
@@ -389,7 +396,8 @@ impl Assistant {
             template,
             eos,
             info,
-            prefix: None,
+            prefix: prefix_cache::PrefixCache::new(usize::MAX),
+            partial: None,
             resident: Resident::Unknown,
             snapshots: 0,
             images_encoded: 0,
@@ -614,42 +622,5 @@ impl Assistant {
             .info()
             .vision
             .map(|v| ImageSlot::square(v.geometry.merged_side() as u32))
-    }
-
-    /// Puts the state right after the system block: restored from the cached snapshot when
-    /// the block is the cached one, else prefilled and cached; `interrupt` is asked before
-    /// each graph call of the prefill.
-    /// Returns the prefix's row count; `None` when `interrupt` stopped it (nothing cached).
-    fn load_prefix(
-        &mut self,
-        opts: &SystemOptions,
-        interrupt: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<usize>, AssistantError> {
-        let text = self.template.system_text(opts)?;
-        self.resident = Resident::Unknown;
-        if let Some((cached, blob)) = &self.prefix {
-            if *cached == text {
-                self.engine.backend_mut().restore(blob)?;
-                return Ok(Some(self.engine.backend().consumed()));
-            }
-        }
-        let ids = self.template.system_prefix(opts)?;
-        let backend = self.engine.backend_mut();
-        backend.reset()?;
-        let mut rows = Vec::new();
-        backend.embed(&ids, &mut rows)?;
-        let positions: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
-        if !positions.is_empty() && !backend.step_interruptible(&rows, &positions, interrupt)? {
-            return Ok(None);
-        }
-        let blob = backend.snapshot()?;
-        self.snapshots += 1;
-        tracing::info!(
-            tokens = ids.len(),
-            bytes = blob.size_bytes(),
-            "system prefix prefilled and cached"
-        );
-        self.prefix = Some((text, blob));
-        Ok(Some(ids.len()))
     }
 }

@@ -1,0 +1,201 @@
+//! Latest-frame pre-fill and the system-prefix LRU on a sim package of the tiny-4b fixture
+//! (vision on): a greedy answer from a pre-filled image equals the cold answer on the same
+//! image, prompt_tokens included, also when the pre-fill was stopped at a graph-call boundary
+//! and continued; a turn with another system block does not fit it; each of two alternating
+//! system prompts is prefilled once; a pre-fill's tasks go at the priority it is given, the
+//! ask's at theirs. Graph runs and submits per priority are counted by the simulator.
+#![allow(clippy::unwrap_used)]
+
+use vlm::assistant::{Assistant, ImagePrefill, PrefillOutcome, Turn};
+use vlm::chat::SystemOptions;
+use vlm::engine::ImageInput;
+use vlm::stream::Completion;
+use vlm::vision::RgbImage;
+use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
+
+const MAX_NEW: usize = 8;
+
+fn open() -> (tempfile::TempDir, Assistant) {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("pkg");
+    vlm_testkit::sim_package("tiny-4b", &pkg, |o| o.cache_len = 512);
+    let a = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
+    (dir, a)
+}
+
+fn runs() -> u64 {
+    bpu_sim::Sim::current().stats().runs
+}
+
+fn image(seed: u8) -> ImageInput {
+    let data = (0..64 * 48 * 3)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect();
+    ImageInput::Rgb(RgbImage::new(64, 48, data).unwrap())
+}
+
+fn turn(text: &str, system: Option<&str>) -> Turn {
+    Turn {
+        system: system.map(str::to_owned),
+        ..Turn::new(text, MAX_NEW)
+    }
+}
+
+fn opts(system: Option<&str>) -> SystemOptions {
+    SystemOptions {
+        system: system.map(str::to_owned),
+        tools: Vec::new(),
+    }
+}
+
+fn cold(a: &mut Assistant, img: &ImageInput, t: &Turn) -> Completion {
+    let t = Turn {
+        images: vec![img.clone()],
+        ..t.clone()
+    };
+    a.ask(None, &t, &mut |_| {}).unwrap().completion
+}
+
+fn done(o: PrefillOutcome) -> ImagePrefill {
+    match o {
+        PrefillOutcome::Done(p) => p,
+        PrefillOutcome::Stopped => panic!("the pre-fill stopped"),
+    }
+}
+
+#[test]
+fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
+    let (_d, mut a) = open();
+    let img = image(7);
+    let q = turn("What do you see?", None);
+    let want = cold(&mut a, &img, &q);
+
+    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    let before = runs();
+    let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
+    // Only the question, the header and the decode steps ran: no tower, no image rows.
+    let question_rows = want.timings.prompt_tokens - p.rows();
+    assert!(
+        runs() - before <= (question_rows + got.tokens.len()) as u64,
+        "{} graph runs for {question_rows} question rows and {} tokens",
+        runs() - before,
+        got.tokens.len()
+    );
+    // The pre-fill serves again (a snapshot is restored, not consumed).
+    let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    assert_eq!(again.tokens, want.tokens);
+}
+
+#[test]
+fn a_prefill_stopped_at_each_graph_call_continues_to_the_same_answer() {
+    let (_d, mut a) = open();
+    let img = image(3);
+    let q = turn("Describe it.", Some("You are a robot."));
+    let want = cold(&mut a, &img, &q);
+    // Every graph call of a pre-fill: the system block is cached by the cold ask, so the
+    // tower and the image block's rows.
+    let before = runs();
+    done(
+        a.prefill_image(&opts(q.system.as_deref()), &img, &mut || false)
+            .unwrap(),
+    );
+    let total = runs() - before;
+    assert!(total >= 2, "{total} graph calls");
+    for k in 0..total {
+        let mut calls = 0;
+        let before = runs();
+        let mut stop_after_k = || {
+            calls += 1;
+            calls > k
+        };
+        let o = a
+            .prefill_image(&opts(q.system.as_deref()), &img, &mut stop_after_k)
+            .unwrap();
+        assert!(
+            matches!(o, PrefillOutcome::Stopped),
+            "stopped after call {k}"
+        );
+        assert_eq!(runs() - before, k, "call {k} is the last to run");
+        if k == 0 {
+            // Stopped before the tower: nothing worth continuing.
+            assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
+            continue;
+        }
+        assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
+        assert!(!a.can_resume_prefill(&opts(Some("another"))));
+        let p = done(a.resume_prefill(&mut || false).unwrap());
+        assert_eq!(runs() - before, total, "nothing runs twice");
+        let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+        assert_eq!(got.tokens, want.tokens, "stopped after call {k}");
+        assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
+    }
+}
+
+#[test]
+fn another_system_block_does_not_fit_and_alternating_blocks_are_prefilled_once() {
+    let (_d, mut a) = open();
+    let img = image(1);
+    let p = done(
+        a.prefill_image(&opts(Some("A")), &img, &mut || false)
+            .unwrap(),
+    );
+    assert!(a.prefill_fits(&p, &turn("hi", Some("A"))));
+    assert!(!a.prefill_fits(&p, &turn("hi", Some("B"))));
+    let mut tools = turn("hi", Some("A"));
+    tools.tools = vec![serde_json::json!({"type": "function", "function": {"name": "f"}})];
+    assert!(!a.prefill_fits(&p, &tools));
+    assert!(a
+        .ask_prefilled(&p, &turn("hi", Some("B")), &mut |_| {})
+        .is_err());
+
+    let snapshots = a.snapshots();
+    for _ in 0..3 {
+        for s in ["A", "B", "C"] {
+            a.ask(None, &turn("hi", Some(s)), &mut |_| {}).unwrap();
+        }
+    }
+    // A was cached by the pre-fill; B and C once each.
+    assert_eq!(a.snapshots() - snapshots, 2);
+    let (bytes, entries) = a.prefix_cache_usage();
+    assert_eq!(entries, 3);
+    a.set_prefix_budget(bytes / 3);
+    assert_eq!(
+        a.prefix_cache_usage().1,
+        1,
+        "the budget keeps the newest only"
+    );
+}
+
+#[test]
+fn a_prefill_submits_at_the_priority_it_is_given() {
+    let (_d, mut a) = open();
+    let img = image(5);
+    let q = turn("What do you see?", None);
+    let sim = bpu_sim::Sim::current();
+    a.set_priority(7);
+    cold(&mut a, &img, &q);
+    a.set_priority(6);
+    let before = sim.submits_by_priority();
+    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    a.set_priority(7);
+    let after = sim.submits_by_priority();
+    let at = |m: &std::collections::BTreeMap<u8, u64>, k| m.get(&k).copied().unwrap_or(0);
+    assert!(at(&after, 6) > at(&before, 6), "{after:?}");
+    assert_eq!(
+        at(&after, 7),
+        at(&before, 7),
+        "nothing at the asks' priority"
+    );
+    let before = sim.submits_by_priority();
+    a.ask_prefilled(&p, &q, &mut |_| {}).unwrap();
+    let after = sim.submits_by_priority();
+    assert_eq!(
+        at(&after, 6),
+        at(&before, 6),
+        "the ask runs at its own priority"
+    );
+    assert!(at(&after, 7) > at(&before, 7));
+}

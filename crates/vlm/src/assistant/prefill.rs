@@ -1,0 +1,369 @@
+//! Latest-frame pre-fill: while nothing is asked, a front end runs a camera frame through the
+//! tower and prefills it after the cached system block as the start of a user turn
+//! (`…<|im_start|>user\n<|vision_start|>…<|vision_end|>`), and keeps the state. A fresh turn
+//! about that frame with the same system block then restores it and prefills only its question
+//! and the assistant header ([`Assistant::ask_prefilled`]).
+//!
+//! The split is exact: the chat template tokenizes the text between two special tokens on its
+//! own, so the rows before `<|vision_end|>` do not depend on the question, and the question's
+//! positions continue from the restored `maxPos` exactly as in one pass. Every graph call is a
+//! boundary where the front end's `interrupt` is asked; a pre-fill stopped there keeps its rows
+//! and the state fed so far, and [`Assistant::resume_prefill`] continues it as long as nothing
+//! else has used the backend meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{Assistant, AssistantError, Conversation, Reply, Resident, Turn};
+use crate::chat::{Pos3, Prompt, Segment, SystemOptions, UserTurn};
+use crate::engine::{Backend, DecodeOptions, EngineError, ImageInput, StateBlob};
+use crate::sampler::Sampler;
+use crate::stream::{Event, FinishReason, StreamConfig};
+
+static NEXT_PREFILL: AtomicU64 = AtomicU64::new(1);
+
+/// A completed pre-fill: the state after the system block and one image block.
+#[derive(Debug, Clone)]
+pub struct ImagePrefill {
+    /// Its pre-fill's id: while the backend still holds this state (`Resident::Prefill(id)`)
+    /// an ask needs no restore.
+    id: u64,
+    /// The system block's text ([`crate::chat::ChatTemplate::system_text`]).
+    system: String,
+    state: StateBlob,
+    /// Rows in the state (system block, user header, image block).
+    rows: usize,
+}
+
+impl ImagePrefill {
+    /// Bytes held by the snapshot.
+    pub fn size_bytes(&self) -> usize {
+        self.state.size_bytes()
+    }
+
+    /// Rows the state holds.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// A pre-fill stopped between graph calls: the rows still to feed, valid while the backend's
+/// state is its own (`Resident::Prefill(id)`).
+#[derive(Debug)]
+pub(super) struct Partial {
+    id: u64,
+    system: String,
+    rows: Vec<f32>,
+    positions: Vec<Pos3>,
+    /// Rows of `rows` already fed.
+    fed: usize,
+    /// Rows in the state before `rows` (the system block).
+    base: usize,
+}
+
+/// How far a pre-fill got.
+#[derive(Debug)]
+pub enum PrefillOutcome {
+    Done(ImagePrefill),
+    /// Stopped at a graph-call boundary; [`Assistant::resume_prefill`] may continue it.
+    Stopped,
+}
+
+/// The rendered turn cut right after its (single) image block's `<|vision_end|>`: the part a
+/// pre-fill feeds and the part the question adds.
+fn split_after_image(prompt: Prompt) -> Result<(Prompt, Prompt), AssistantError> {
+    let bad = || AssistantError::Turn("the turn has no image block to pre-fill".into());
+    let last = prompt
+        .segments
+        .iter()
+        .rposition(|s| matches!(s, Segment::Image { .. }))
+        .ok_or_else(bad)?;
+    let mut head = prompt.segments;
+    let mut tail = head.split_off(last + 1);
+    match tail.first_mut() {
+        Some(Segment::Tokens(ids)) if !ids.is_empty() => {
+            let end = ids.remove(0);
+            head.push(Segment::Tokens(vec![end]));
+        }
+        _ => return Err(bad()),
+    }
+    let starts_in_think = prompt.starts_in_think;
+    Ok((
+        Prompt {
+            segments: head,
+            starts_in_think: false,
+        },
+        Prompt {
+            segments: tail,
+            starts_in_think,
+        },
+    ))
+}
+
+impl Assistant {
+    /// The turn `text` with one image slot, split where a pre-fill stops.
+    fn split_turn(&self, text: &str, thinking: bool) -> Result<(Prompt, Prompt), AssistantError> {
+        let slot = self
+            .slot()
+            .ok_or(AssistantError::Engine(EngineError::NoVision))?;
+        let prompt = self.template.render_after_system(&UserTurn {
+            text,
+            images: vec![slot],
+            thinking,
+        })?;
+        split_after_image(prompt)
+    }
+
+    /// Pre-fills `image` as the start of a fresh user turn after the system block of
+    /// `system`. `interrupt` is asked before every graph call (system block, tower, chunks);
+    /// when it stops the work, the rows fed so far stay and [`Assistant::resume_prefill`] can
+    /// go on. Runs at the backend's priority: the caller lowers it for background work.
+    pub fn prefill_image(
+        &mut self,
+        system: &SystemOptions,
+        image: &ImageInput,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<PrefillOutcome, AssistantError> {
+        let text = self.template.system_text(system)?;
+        let Some(base) = self.load_prefix(system, interrupt)? else {
+            return Ok(PrefillOutcome::Stopped);
+        };
+        let (head, _) = self.split_turn("", false)?;
+        if interrupt() {
+            return Ok(PrefillOutcome::Stopped);
+        }
+        self.resident = Resident::Unknown;
+        let (rows, positions) = self.engine.turn_rows(&head, std::slice::from_ref(image))?;
+        self.partial = Some(Partial {
+            id: NEXT_PREFILL.fetch_add(1, Ordering::Relaxed),
+            system: text,
+            rows,
+            positions,
+            fed: 0,
+            base,
+        });
+        self.feed_partial(interrupt)
+    }
+
+    /// Sets the BPU task priority of later graph runs (background pre-fills run lower than
+    /// asks); keeps a stopped pre-fill resumable.
+    pub fn set_priority(&mut self, priority: u8) {
+        self.engine.backend_mut().set_priority(priority);
+    }
+
+    /// Whether a stopped pre-fill for the system block of `system` can be continued.
+    pub fn can_resume_prefill(&self, system: &SystemOptions) -> bool {
+        let Some(p) = &self.partial else {
+            return false;
+        };
+        // `partial` is dropped when its pre-fill completes, so a resident id is a stopped one.
+        self.resident == Resident::Prefill(p.id)
+            && self.template.system_text(system).ok().as_deref() == Some(p.system.as_str())
+    }
+
+    /// Continues the stopped pre-fill ([`Assistant::can_resume_prefill`]); `Stopped` when
+    /// there is none to continue or `interrupt` stops it again.
+    pub fn resume_prefill(
+        &mut self,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<PrefillOutcome, AssistantError> {
+        match &self.partial {
+            Some(p) if self.resident == Resident::Prefill(p.id) => self.feed_partial(interrupt),
+            _ => Ok(PrefillOutcome::Stopped),
+        }
+    }
+
+    /// Feeds the stopped pre-fill's remaining rows; snapshots the state when all are in.
+    fn feed_partial(
+        &mut self,
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<PrefillOutcome, AssistantError> {
+        let Some(mut p) = self.partial.take() else {
+            return Ok(PrefillOutcome::Stopped);
+        };
+        self.resident = Resident::Unknown;
+        let h = self.info.hidden;
+        let backend = self.engine.backend_mut();
+        let before = backend.consumed();
+        let done = p.fed >= p.positions.len()
+            || backend.step_interruptible(
+                &p.rows[p.fed * h..],
+                &p.positions[p.fed..],
+                interrupt,
+            )?;
+        if !done {
+            p.fed += backend.consumed().saturating_sub(before);
+            self.resident = Resident::Prefill(p.id);
+            self.partial = Some(p);
+            return Ok(PrefillOutcome::Stopped);
+        }
+        let state = backend.snapshot()?;
+        self.snapshots += 1;
+        let rows = p.base + p.positions.len();
+        tracing::debug!(rows, bytes = state.size_bytes(), "image pre-filled");
+        self.resident = Resident::Prefill(p.id);
+        Ok(PrefillOutcome::Done(ImagePrefill {
+            id: p.id,
+            system: p.system,
+            state,
+            rows,
+        }))
+    }
+
+    /// Whether `turn` (fresh, about the pre-filled image) has the system block of `prefill`.
+    pub fn prefill_fits(&self, prefill: &ImagePrefill, turn: &Turn) -> bool {
+        let opts = SystemOptions {
+            system: turn.system.clone(),
+            tools: turn.tools.clone(),
+        };
+        self.template.system_text(&opts).ok().as_deref() == Some(prefill.system.as_str())
+    }
+
+    /// Answers a fresh `turn` about the pre-filled image: its state is restored and only the
+    /// question and the assistant header are prefilled. `turn.images` is not used (the image
+    /// is in the state); `turn.image_keys` name it for a kept conversation. The reply equals
+    /// [`Assistant::ask`] with that image, `prompt_tokens` included.
+    pub fn ask_prefilled(
+        &mut self,
+        prefill: &ImagePrefill,
+        turn: &Turn,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Reply, AssistantError> {
+        self.check_prefilled_turn(turn)?;
+        if !self.prefill_fits(prefill, turn) {
+            return Err(AssistantError::Turn(
+                "the pre-fill was made for another system prompt or tools".into(),
+            ));
+        }
+        let (_, prompt) = self.split_turn(&turn.text, turn.thinking)?;
+        // Right after the pre-fill the backend still holds its state: no copy back needed.
+        if self.resident != Resident::Prefill(prefill.id) {
+            self.resident = Resident::Unknown;
+            self.engine.backend_mut().restore(&prefill.state)?;
+        }
+        self.resident = Resident::Unknown;
+        let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        let seed = sampler.seed();
+        let stream = self.stream_config(turn, prompt.starts_in_think);
+        let mut gen = match &turn.json_schema {
+            Some(schema) => {
+                let mut constraint = schema.constraint(&stream.eos);
+                self.engine.generate_constrained(
+                    &prompt,
+                    &[],
+                    &mut sampler,
+                    &mut constraint,
+                    stream,
+                    on_event,
+                )?
+            }
+            None => self.engine.generate(
+                &prompt,
+                &[],
+                &mut sampler,
+                stream,
+                DecodeOptions::default(),
+                on_event,
+            )?,
+        };
+        gen.completion.timings.prompt_tokens += prefill.rows;
+        let finished = matches!(
+            gen.completion.finish_reason,
+            FinishReason::Stop | FinishReason::Length
+        );
+        let conversation = if finished && turn.keep {
+            let state = self.engine.backend_mut().snapshot()?;
+            self.snapshots += 1;
+            let id = super::NEXT_CONVERSATION.fetch_add(1, Ordering::Relaxed);
+            self.resident = Resident::Conversation(id);
+            Some(Conversation {
+                id,
+                state,
+                turns: 1,
+                images: turn.image_keys.iter().flatten().take(1).cloned().collect(),
+            })
+        } else {
+            None
+        };
+        Ok(Reply {
+            completion: gen.completion,
+            conversation,
+            seed,
+            constraint: gen.constraint,
+        })
+    }
+
+    /// What [`Assistant::ask`] refuses before touching the state, for a pre-filled turn.
+    fn check_prefilled_turn(&self, turn: &Turn) -> Result<(), AssistantError> {
+        if turn.text.trim().is_empty() {
+            return Err(AssistantError::Turn("the prompt is empty".into()));
+        }
+        turn.check_json_schema()?;
+        match &turn.json_schema {
+            Some(s) if s.vocab() != self.info.vocab => {
+                Err(crate::structured::SchemaError::Vocabulary {
+                    schema: s.vocab(),
+                    model: self.info.vocab,
+                }
+                .into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The stream settings [`Assistant::ask`] uses for `turn`.
+    fn stream_config(&self, turn: &Turn, starts_in_think: bool) -> StreamConfig {
+        let qwen = *self.template.dialect() == crate::package::Dialect::Qwen35;
+        let structured = turn.json_schema.is_some();
+        StreamConfig {
+            eos: if turn.use_default_stop {
+                self.eos.clone()
+            } else {
+                Vec::new()
+            },
+            stop: turn.stop.clone(),
+            max_new_tokens: turn.max_new_tokens,
+            deadline: turn.deadline,
+            cancel: turn.cancel.clone(),
+            think_split: qwen,
+            starts_in_think,
+            tool_calls: !structured && (qwen || !turn.tools.is_empty()),
+            tools: turn.tools.clone(),
+            verbatim_answer: structured,
+            think_end: self.template.markers().think_end,
+            prompt_tokens: 0,
+            started: turn.started,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::ImageSlot;
+
+    #[test]
+    fn the_split_ends_the_head_at_the_vision_end_token() {
+        let prompt = Prompt {
+            segments: vec![
+                Segment::Tokens(vec![1, 2, 3]),
+                Segment::Image {
+                    index: 0,
+                    slot: ImageSlot::square(2),
+                },
+                Segment::Tokens(vec![9, 10, 11]),
+            ],
+            starts_in_think: true,
+        };
+        let (head, tail) = split_after_image(prompt).unwrap();
+        assert_eq!(head.rows(), 3 + 4 + 1);
+        assert_eq!(head.segments.last(), Some(&Segment::Tokens(vec![9])));
+        assert!(!head.starts_in_think);
+        assert_eq!(tail.segments, vec![Segment::Tokens(vec![10, 11])]);
+        assert!(tail.starts_in_think);
+        let text_only = Prompt {
+            segments: vec![Segment::Tokens(vec![1])],
+            starts_in_think: false,
+        };
+        assert!(split_after_image(text_only).is_err());
+    }
+}

@@ -1,0 +1,351 @@
+//! Latest-frame pre-fill (`prefill_latest_frame`): while no ask is queued, the worker runs the
+//! newest frame of `prefill_camera` through the vision tower and prefills it after the system
+//! block ([`Assistant::prefill_image`]), so an ask about that camera prefills only its
+//! question.
+//!
+//! Which frame an ask gets ([`Prefiller::choose`], decided when its turn comes, before its
+//! image is reported): the frame of the last completed pre-fill when the ask accepts its age
+//! (at the ask's arrival: within `max_image_age_s` when the ask sets a limit, else within
+//! `prefill_max_age_s`) and has the same system prompt and tools; else a stopped pre-fill of an
+//! acceptable frame, which the ask continues; else the newest frame, prefilled in full as
+//! without pre-fill. The answer reports the frame actually used.
+//!
+//! Cost bounds: a pre-fill starts only when the queue is empty, is asked before every graph
+//! call whether an ask came (and then stops there, so an ask waits at most one graph call),
+//! keeps its BPU time to `prefill_duty` of the wall time by resting after each pre-fill, and
+//! submits one priority below the asks' `bpu_priority` (never below 0).
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camera_frame::{CachedFrame, CameraCache};
+use vlm::assistant::{Assistant, AssistantError, ImagePrefill, PrefillOutcome, Reply, Turn};
+use vlm::chat::SystemOptions;
+use vlm::engine::EngineError;
+use vlm::stream::Event;
+
+use crate::job::{Images, Job, JobPlan};
+use crate::panics::{contained, Panic};
+
+/// How often an idle worker looks for a newer frame to pre-fill.
+const FRAME_POLL: Duration = Duration::from_millis(20);
+
+/// Pre-fill settings from the parameters.
+#[derive(Clone)]
+pub struct PrefillConfig {
+    pub cameras: Arc<CameraCache>,
+    /// `None`: the default camera.
+    pub camera: Option<String>,
+    /// Most share of wall time the pre-fills may keep the BPU busy, in (0, 1].
+    pub duty: f64,
+    /// Oldest frame an ask without `max_image_age_s` is served from a pre-fill.
+    pub max_age: Duration,
+    /// The system block pre-fills are made for (the node's `system_prompt`, no tools).
+    pub system: Option<String>,
+    /// Priority of the asks' BPU tasks; pre-fills submit one below.
+    pub ask_priority: u8,
+}
+
+/// Counters for diagnostics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillStats {
+    /// Pre-fills completed.
+    pub done: u64,
+    /// Pre-fills stopped at a graph-call boundary because an ask came.
+    pub stopped: u64,
+    /// Asks on the pre-fill camera (fresh conversations) and those served from a pre-fill.
+    pub camera_asks: u64,
+    pub hits: u64,
+    /// Age of the pre-filled frame at the last hit's arrival, seconds.
+    pub last_hit_age_s: f64,
+    /// Arrival of the frame of the completed pre-fill, if any.
+    pub frame_arrival: Option<Instant>,
+    /// Share of wall time spent pre-filling since the model was ready ([`Prefiller::stats`]).
+    pub duty: f64,
+}
+
+/// What an ask is served from.
+pub enum Chosen {
+    Completed(Arc<ImagePrefill>),
+    /// The stopped pre-fill, continued by the ask.
+    Resume,
+}
+
+/// How a pre-fill run ended, for the worker.
+pub enum RunEnd {
+    Fine,
+    /// The backend cannot run anymore.
+    Lost(String),
+    Panicked(Panic),
+}
+
+/// The pre-fill state of the worker.
+pub struct Prefiller {
+    cfg: PrefillConfig,
+    system: SystemOptions,
+    completed: Option<(CachedFrame, Arc<ImagePrefill>)>,
+    /// The frame of a stopped pre-fill.
+    stopped: Option<CachedFrame>,
+    /// The last frame tried (completed, stopped or failed), so none is tried twice.
+    tried: Option<(Arc<str>, u64)>,
+    /// No pre-fill starts before this (`prefill_duty`).
+    rest_until: Instant,
+    /// The model cannot pre-fill (no vision tower).
+    off: bool,
+    busy: Duration,
+    since: Instant,
+    stats: PrefillStats,
+}
+
+impl Prefiller {
+    pub fn new(cfg: PrefillConfig, now: Instant) -> Self {
+        let system = SystemOptions {
+            system: cfg.system.clone(),
+            tools: Vec::new(),
+        };
+        Self {
+            cfg,
+            system,
+            completed: None,
+            stopped: None,
+            tried: None,
+            rest_until: now,
+            off: false,
+            busy: Duration::ZERO,
+            since: now,
+            stats: PrefillStats::default(),
+        }
+    }
+
+    pub fn stats(&self) -> PrefillStats {
+        let wall = self.since.elapsed().as_secs_f64();
+        PrefillStats {
+            duty: if wall > 0.0 {
+                self.busy.as_secs_f64() / wall
+            } else {
+                0.0
+            },
+            ..self.stats.clone()
+        }
+    }
+
+    fn topic(&self) -> Option<Arc<str>> {
+        match &self.cfg.camera {
+            Some(name) => self.cfg.cameras.resolve(name),
+            None => self
+                .cfg
+                .cameras
+                .default_camera()
+                .and_then(|t| self.cfg.cameras.resolve(t)),
+        }
+    }
+
+    /// The frame to pre-fill now, if one is due: a frame not tried yet, the duty rest over.
+    fn due(&self, now: Instant) -> Option<CachedFrame> {
+        if self.off || now < self.rest_until {
+            return None;
+        }
+        let f = self.cfg.cameras.latest(&self.topic()?)?;
+        let seen = self
+            .tried
+            .as_ref()
+            .is_some_and(|(t, seq)| *t == f.topic && *seq == f.seq);
+        (!seen).then_some(f)
+    }
+
+    /// How long an idle worker may wait for a job before looking again.
+    pub fn wait(&self, now: Instant, idle: Duration) -> Duration {
+        if self.due(now).is_some() {
+            return Duration::ZERO;
+        }
+        let rest = self.rest_until.saturating_duration_since(now);
+        if self.off {
+            idle
+        } else if rest > Duration::ZERO {
+            rest.min(idle)
+        } else {
+            FRAME_POLL.min(idle)
+        }
+    }
+
+    /// Pre-fills the due frame (if any) while `jobs` stays empty. A job that arrives meanwhile
+    /// stops the work at the next graph call and is left in `pending`.
+    pub fn run(
+        &mut self,
+        assistant: &mut Assistant,
+        jobs: &Receiver<Job>,
+        pending: &mut Option<Job>,
+        shutdown: &vlm::interrupt::Interrupt,
+    ) -> RunEnd {
+        let now = Instant::now();
+        let Some(frame) = self.due(now) else {
+            return RunEnd::Fine;
+        };
+        self.tried = Some((frame.topic.clone(), frame.seq));
+        let image = match Images::Camera(frame.clone()).take_inputs() {
+            Ok((mut images, _)) if images.len() == 1 => images.remove(0),
+            Ok(_) => return RunEnd::Fine,
+            Err(f) => {
+                tracing::debug!("frame not pre-filled: {}", f.message);
+                return RunEnd::Fine;
+            }
+        };
+        let mut closed = false;
+        let mut interrupt = || {
+            if pending.is_none() && !closed {
+                match jobs.try_recv() {
+                    Ok(j) => *pending = Some(j),
+                    Err(TryRecvError::Disconnected) => closed = true,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+            pending.is_some() || closed || shutdown.is_raised()
+        };
+        assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
+        let t0 = Instant::now();
+        let system = self.system.clone();
+        // The stopped pre-fill of this very frame goes on where it stopped.
+        let resume = self
+            .stopped
+            .as_ref()
+            .is_some_and(|s| s.seq == frame.seq && s.topic == frame.topic)
+            && assistant.can_resume_prefill(&system);
+        let ran = contained(|| {
+            if resume {
+                assistant.resume_prefill(&mut interrupt)
+            } else {
+                assistant.prefill_image(&system, &image, &mut interrupt)
+            }
+        });
+        let spent = t0.elapsed();
+        assistant.set_priority(self.cfg.ask_priority);
+        self.account(spent);
+        match ran {
+            Ok(Ok(PrefillOutcome::Done(p))) => {
+                self.stats.done += 1;
+                self.stats.frame_arrival = Some(frame.arrival);
+                self.completed = Some((frame, Arc::new(p)));
+                self.stopped = None;
+                RunEnd::Fine
+            }
+            Ok(Ok(PrefillOutcome::Stopped)) => {
+                self.stats.stopped += 1;
+                // Tried again when the worker is idle next, from where it stopped.
+                self.tried = None;
+                self.stopped = assistant.can_resume_prefill(&self.system).then_some(frame);
+                RunEnd::Fine
+            }
+            Ok(Err(e)) => self.failed(&e),
+            Err(p) => RunEnd::Panicked(p),
+        }
+    }
+
+    fn failed(&mut self, e: &AssistantError) -> RunEnd {
+        self.stopped = None;
+        match e {
+            AssistantError::Engine(e) if e.backend_is_lost() => return RunEnd::Lost(e.to_string()),
+            AssistantError::Engine(EngineError::NoVision) => {
+                tracing::warn!("latest-frame pre-fill off: the model has no vision tower");
+                self.off = true;
+            }
+            _ => {
+                // Not retried at the camera's rate: a failure that repeats logs once a second.
+                tracing::warn!("latest-frame pre-fill failed: {e}");
+                self.rest_until = Instant::now() + Duration::from_secs(1);
+            }
+        }
+        RunEnd::Fine
+    }
+
+    /// Rests so that pre-fills keep the BPU at most `duty` of the time: after `spent` busy,
+    /// `spent · (1 − duty) / duty` idle.
+    fn account(&mut self, spent: Duration) {
+        self.busy += spent;
+        let duty = self.cfg.duty.clamp(0.01, 1.0);
+        let now = Instant::now();
+        self.rest_until = now + spent.mul_f64((1.0 - duty) / duty);
+    }
+
+    /// Decides what a job is served from and makes its image the chosen frame (so the answer
+    /// reports it). `fresh`: the job starts a new conversation. `None`: served as without
+    /// pre-fill.
+    pub fn choose(
+        &mut self,
+        plan: &mut JobPlan,
+        fresh: bool,
+        assistant: &Assistant,
+    ) -> Option<Chosen> {
+        let Images::Camera(newest) = &plan.images else {
+            return None;
+        };
+        if !fresh || Some(&newest.topic) != self.topic().as_ref() {
+            return None;
+        }
+        self.stats.camera_asks += 1;
+        let limit = plan.max_image_age.unwrap_or(self.cfg.max_age);
+        let arrival = plan.turn.started;
+        let accepts = |f: &CachedFrame| f.age(arrival) <= limit;
+        let opts = SystemOptions {
+            system: plan.turn.system.clone(),
+            tools: plan.turn.tools.clone(),
+        };
+        if let Some((frame, p)) = self.completed.clone() {
+            if accepts(&frame) && assistant.prefill_fits(&p, &plan.turn) {
+                self.hit(&frame, arrival);
+                plan.images = Images::Camera(frame);
+                return Some(Chosen::Completed(p));
+            }
+        }
+        if let Some(frame) = &self.stopped {
+            if accepts(frame) && assistant.can_resume_prefill(&opts) {
+                let frame = frame.clone();
+                self.hit(&frame, arrival);
+                plan.images = Images::Camera(frame);
+                return Some(Chosen::Resume);
+            }
+        }
+        None
+    }
+
+    fn hit(&mut self, frame: &CachedFrame, arrival: Instant) {
+        self.stats.hits += 1;
+        self.stats.last_hit_age_s = frame.age(arrival).as_secs_f64();
+    }
+
+    /// Answers `turn` from what [`Prefiller::choose`] chose. `None` when that is no longer
+    /// possible (a stopped pre-fill that cannot go on): the caller asks as without pre-fill,
+    /// on the same frame.
+    pub fn answer(
+        &mut self,
+        chosen: Chosen,
+        assistant: &mut Assistant,
+        turn: &Turn,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Option<Result<Reply, AssistantError>> {
+        let p = match chosen {
+            Chosen::Completed(p) => p,
+            Chosen::Resume => {
+                let cancel = turn.cancel.clone();
+                let mut stop = || {
+                    cancel
+                        .as_ref()
+                        .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
+                };
+                let frame = self.stopped.take()?;
+                match assistant.resume_prefill(&mut stop) {
+                    Ok(PrefillOutcome::Done(p)) => {
+                        self.stats.done += 1;
+                        self.stats.frame_arrival = Some(frame.arrival);
+                        let p = Arc::new(p);
+                        self.completed = Some((frame, Arc::clone(&p)));
+                        p
+                    }
+                    Ok(PrefillOutcome::Stopped) => return None,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        };
+        Some(assistant.ask_prefilled(&p, turn, on_event))
+    }
+}
