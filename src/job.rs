@@ -9,6 +9,7 @@ use vlm::assistant::{ImageKey, Turn};
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
 
+use crate::ask_action::fields::GoalFeedback;
 use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
 use crate::outcome::Failure;
@@ -146,6 +147,8 @@ pub struct Job {
     /// ends any other way.
     pub admission: Admission,
     pub respond: tokio::sync::oneshot::Sender<Ask::Response>,
+    /// An action goal's feedback, which gets every Token the tokens topic gets.
+    pub feedback: Option<GoalFeedback>,
 }
 
 impl Job {

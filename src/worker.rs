@@ -472,9 +472,11 @@ fn serve(
         mut plan,
         admission,
         respond,
+        feedback,
     } = job;
     let origin = plan.images.origin();
-    let mut sink = TokenSink::new(&outputs.tokens, &id, &origin.frame_id);
+    let mut sink =
+        TokenSink::new(&outputs.tokens, &id, &origin.frame_id).with_feedback(feedback.as_ref());
     let mut answered = false;
     let run = contained(|| {
         let result = generate(&mut plan, &mut sink);
