@@ -109,6 +109,19 @@ async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Res
         "stopped early: {res}"
     );
 
+    // /vlm/cancel stops a goal as it stops a service request; the action protocol reaches
+    // CANCELED only through its own cancel, so the goal is ABORTED with error_code cancelled.
+    assert_eq!(rep["vlm_cancel_response"]["success"], true);
+    let vc = &rep["vlm_cancelled"];
+    goal("vlm/cancel", vc, ABORTED);
+    assert_eq!(
+        vc["response"]["error_code"], "cancelled",
+        "{}",
+        vc["response"]
+    );
+    assert_eq!(vc["response"]["finish_reason"], "cancelled");
+    check_stream("goal stopped by /vlm/cancel", vc);
+
     aborted_with("busy", &rep["busy"], "busy");
     aborted_with("empty prompt", &rep["invalid"], "invalid_request");
     let all = &rep["cancel_all_response"];

@@ -16,8 +16,8 @@ the client after its result (feedback is best effort; the result is authoritativ
 subscription sees every Token the node sends as feedback.
 
   protocol  a greedy goal and the same question over the service; a goal cancelled
-            mid-stream; goals while the queue is full (busy) and with an empty prompt
-            (invalid); a goal and a service ask at once
+            mid-stream, one stopped by /vlm/cancel; goals while the queue is full (busy)
+            and with an empty prompt (invalid); a goal and a service ask at once
   expiry    many short goals one after another at a short result timeout: the status array
             the node publishes, and the result of the first goal once it has expired
 """
@@ -36,6 +36,7 @@ from rclpy.action import ActionClient  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
+from bpu_vlm_msgs.srv import Cancel  # noqa: E402
 
 from node_peer import Peer, check, plain, report_and_exit  # noqa: E402
 
@@ -159,6 +160,13 @@ def mode_protocol(p, a):
     p.first_feedback(rid)
     rep['cancel_response'] = plain(p.wait(h.cancel_goal_async(), 'cancel response'))
     rep['cancelled'] = p.result(h, rid)
+
+    # /vlm/cancel with the goal's request id stops it too, outside the action's cancel.
+    h, rid = p.send(**long_goal(a, 'vc-1'))
+    p.first_feedback(rid)
+    rep['vlm_cancel_response'] = plain(p.wait(
+        p.cancel_client.call_async(Cancel.Request(request_id=rid)), '/vlm/cancel response'))
+    rep['vlm_cancelled'] = p.result(h, rid)
 
     # A full queue: depth goals that run long, then one more (busy), then an empty prompt.
     running = [p.send(**long_goal(a, f'q-{i}')) for i in range(a.queue_depth)]
