@@ -8,7 +8,9 @@
 //! (at the ask's arrival: within `max_image_age_s` when the ask sets a limit, else within
 //! `prefill_max_age_s`) and has the same system prompt and tools; else a stopped pre-fill of an
 //! acceptable frame, which the ask continues; else the newest frame, prefilled in full as
-//! without pre-fill. The answer reports the frame actually used.
+//! without pre-fill. The answer reports the frame actually used. A stopped pre-fill the ask
+//! does not continue is parked (a snapshot) and continued when the worker is idle again, while
+//! its frame is younger than half of `prefill_max_age_s`.
 //!
 //! Cost bounds: a pre-fill starts only when the queue is empty, is asked before every graph
 //! call whether an ask came (and then stops there, so an ask waits at most one graph call),
@@ -179,7 +181,14 @@ impl Prefiller {
         shutdown: &vlm::interrupt::Interrupt,
     ) -> RunEnd {
         let now = Instant::now();
-        let Some(frame) = self.due(now) else {
+        // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
+        // an older one gives way to the newest frame.
+        let resumable = self.stopped.clone().filter(|f| {
+            now >= self.rest_until
+                && f.age(now) < self.cfg.max_age / 2
+                && assistant.can_resume_prefill(&self.system)
+        });
+        let Some(frame) = resumable.or_else(|| self.due(now)) else {
             return RunEnd::Fine;
         };
         self.tried = Some((frame.topic.clone(), frame.seq));
@@ -274,8 +283,20 @@ impl Prefiller {
         &mut self,
         plan: &mut JobPlan,
         fresh: bool,
-        assistant: &Assistant,
+        assistant: &mut Assistant,
     ) -> Option<Chosen> {
+        let chosen = self.decide(plan, fresh, assistant);
+        // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later.
+        if !matches!(chosen, Some(Chosen::Resume)) && self.stopped.is_some() {
+            if let Err(e) = assistant.park_prefill() {
+                tracing::warn!("the stopped pre-fill could not be kept: {e}");
+                self.stopped = None;
+            }
+        }
+        chosen
+    }
+
+    fn decide(&mut self, plan: &mut JobPlan, fresh: bool, assistant: &Assistant) -> Option<Chosen> {
         let Images::Camera(newest) = &plan.images else {
             return None;
         };

@@ -295,7 +295,7 @@ fn serve_all(
             .is_none_or(|s| sessions.get(s).is_none());
         let chosen = prefiller
             .as_mut()
-            .and_then(|p| p.choose(&mut job.plan, fresh, &assistant));
+            .and_then(|p| p.choose(&mut job.plan, fresh, &mut assistant));
         update(&stats, |s| s.state = WorkerState::Busy);
         let mut lost = None;
         let stopped = stopped_in_queue(&job);

@@ -1,7 +1,7 @@
 //! Latest-frame pre-fill and the system-prefix LRU on a sim package of the tiny-4b fixture
 //! (vision on): a greedy answer from a pre-filled image equals the cold answer on the same
 //! image, prompt_tokens included, also when the pre-fill was stopped at a graph-call boundary
-//! and continued; a turn with another system block does not fit it; each of two alternating
+//! and continued, directly or from its parked state after another turn; a turn with another system block does not fit it; each of two alternating
 //! system prompts is prefilled once; a pre-fill's tasks go at the priority it is given, the
 //! ask's at theirs. Graph runs and submits per priority are counted by the simulator.
 #![allow(clippy::unwrap_used)]
@@ -126,6 +126,25 @@ fn a_prefill_stopped_at_each_graph_call_continues_to_the_same_answer() {
         }
         assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
         assert!(!a.can_resume_prefill(&opts(Some("another"))));
+        if k % 2 == 0 {
+            // Parked, then another turn uses the backend: the pre-fill goes on from the snapshot.
+            a.park_prefill().unwrap();
+            let text = a
+                .ask(None, &turn("hi", None), &mut |_| {})
+                .unwrap()
+                .completion;
+            assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
+            let before_resume = runs();
+            let p = done(a.resume_prefill(&mut || false).unwrap());
+            let ask_runs = text.timings.prompt_tokens as u64 + text.tokens.len() as u64;
+            assert!(
+                runs() - before_resume < total,
+                "{ask_runs} runs for the ask"
+            );
+            let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+            assert_eq!(got.tokens, want.tokens, "parked after call {k}");
+            continue;
+        }
         let p = done(a.resume_prefill(&mut || false).unwrap());
         assert_eq!(runs() - before, total, "nothing runs twice");
         let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;

@@ -58,6 +58,9 @@ pub(super) struct Partial {
     fed: usize,
     /// Rows in the state before `rows` (the system block).
     base: usize,
+    /// The state where it stopped, kept ([`Assistant::park_prefill`]) before another turn
+    /// used the backend.
+    parked: Option<StateBlob>,
 }
 
 /// How far a pre-fill got.
@@ -133,13 +136,17 @@ impl Assistant {
         }
         self.resident = Resident::Unknown;
         let (rows, positions) = self.engine.turn_rows(&head, std::slice::from_ref(image))?;
+        let id = NEXT_PREFILL.fetch_add(1, Ordering::Relaxed);
+        // The tower left the state alone: it is the pre-fill's start (the system block).
+        self.resident = Resident::Prefill(id);
         self.partial = Some(Partial {
-            id: NEXT_PREFILL.fetch_add(1, Ordering::Relaxed),
+            id,
             system: text,
             rows,
             positions,
             fed: 0,
             base,
+            parked: None,
         });
         self.feed_partial(interrupt)
     }
@@ -156,7 +163,7 @@ impl Assistant {
             return false;
         };
         // `partial` is dropped when its pre-fill completes, so a resident id is a stopped one.
-        self.resident == Resident::Prefill(p.id)
+        (self.resident == Resident::Prefill(p.id) || p.parked.is_some())
             && self.template.system_text(system).ok().as_deref() == Some(p.system.as_str())
     }
 
@@ -167,9 +174,25 @@ impl Assistant {
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<PrefillOutcome, AssistantError> {
         match &self.partial {
-            Some(p) if self.resident == Resident::Prefill(p.id) => self.feed_partial(interrupt),
+            Some(p) if self.resident == Resident::Prefill(p.id) || p.parked.is_some() => {
+                self.feed_partial(interrupt)
+            }
             _ => Ok(PrefillOutcome::Stopped),
         }
+    }
+
+    /// Keeps the state of a stopped pre-fill (a snapshot) so it can be continued after
+    /// another turn has used the backend; a front end calls it before serving such a turn.
+    /// Nothing to do when no stopped pre-fill holds the backend.
+    pub fn park_prefill(&mut self) -> Result<(), AssistantError> {
+        let Some(p) = &mut self.partial else {
+            return Ok(());
+        };
+        if p.parked.is_none() && self.resident == Resident::Prefill(p.id) {
+            p.parked = Some(self.engine.backend_mut().snapshot()?);
+            self.snapshots += 1;
+        }
+        Ok(())
     }
 
     /// Feeds the stopped pre-fill's remaining rows; snapshots the state when all are in.
@@ -180,6 +203,15 @@ impl Assistant {
         let Some(mut p) = self.partial.take() else {
             return Ok(PrefillOutcome::Stopped);
         };
+        if self.resident != Resident::Prefill(p.id) {
+            let Some(parked) = &p.parked else {
+                return Ok(PrefillOutcome::Stopped);
+            };
+            self.resident = Resident::Unknown;
+            self.engine.backend_mut().restore(parked)?;
+        }
+        // The state moves on from where it was parked.
+        p.parked = None;
         self.resident = Resident::Unknown;
         let h = self.info.hidden;
         let backend = self.engine.backend_mut();
