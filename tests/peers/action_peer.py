@@ -18,8 +18,11 @@ subscription sees every Token the node sends as feedback.
   protocol  a greedy goal and the same question over the service; a goal cancelled
             mid-stream, one stopped by /vlm/cancel; goals while the queue is full (busy)
             and with an empty prompt (invalid); a goal and a service ask at once
-  expiry    many short goals one after another at a short result timeout: the status array
-            the node publishes, and the result of the first goal once it has expired
+  expiry    two rounds of short goals one after another at a short result timeout: the
+            status arrays the node publishes, and the result of the first goal once it
+            has expired
+  sigterm   one long goal; prints "FIRST TOKEN" when its feedback starts (the test then
+            stops the node), then waits for its result
 """
 
 import argparse
@@ -192,37 +195,50 @@ def mode_protocol(p, a):
 
 
 def mode_expiry(p, a):
+    """Two rounds of `count` goals, each followed by the wait for an empty status array: the
+    second round's arrays never hold a goal of the first (they expired), whatever the speed."""
     p.wait_ask()
     p.wait_action()
-    rep = {'count': a.count, 'statuses': {}}
+    rep = {'count': a.count, 'statuses': {}, 'rounds': []}
     first = None
-    for i in range(a.count):
-        h, rid = p.send(**greedy(a, f'e-{i}', max_new_tokens=2))
-        r = p.wait(h.get_result_async(), f'result of {rid}')
-        rep['statuses'][str(r.status)] = rep['statuses'].get(str(r.status), 0) + 1
-        if first is None:
-            first = h
-    with p.lock:
-        rep['max_status_length'] = max(p.status_lengths, default=-1)
-        rep['status_messages'] = len(p.status_lengths)
-    # Every goal has ended: the status array empties once the last one expires.
-    while time.monotonic() < p.deadline:
+    for round_ in range(2):
         with p.lock:
-            if p.status_lengths and p.status_lengths[-1] == 0:
-                break
-        time.sleep(0.05)
-    with p.lock:
-        rep['final_status_length'] = p.status_lengths[-1] if p.status_lengths else -1
+            p.status_lengths.clear()
+        for i in range(a.count):
+            h, rid = p.send(**greedy(a, f'e{round_}-{i}', max_new_tokens=2))
+            r = p.wait(h.get_result_async(), f'result of {rid}')
+            rep['statuses'][str(r.status)] = rep['statuses'].get(str(r.status), 0) + 1
+            if first is None:
+                first = h
+        # Every goal of the round has ended: the array empties once the last one expires.
+        while time.monotonic() < p.deadline:
+            with p.lock:
+                if p.status_lengths and p.status_lengths[-1] == 0:
+                    break
+            time.sleep(0.05)
+        with p.lock:
+            rep['rounds'].append({'max_status_length': max(p.status_lengths, default=-1),
+                                  'status_messages': len(p.status_lengths),
+                                  'final_status_length': p.status_lengths[-1]
+                                  if p.status_lengths else -1})
     r = p.wait(first.get_result_async(), 'result of the expired goal')
     rep['expired_status'] = r.status
     rep['expired_success'] = r.result.success
-    rep['unknown'] = GoalStatus.STATUS_UNKNOWN
     return rep
+
+
+def mode_sigterm(p, a):
+    p.wait_ask()
+    p.wait_action()
+    h, rid = p.send(**long_goal(a, 'term-1'))
+    p.first_feedback(rid)
+    print('FIRST TOKEN', flush=True)
+    return p.result(h, rid)
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument('mode', choices=['protocol', 'expiry'])
+    ap.add_argument('mode', choices=['protocol', 'expiry', 'sigterm'])
     ap.add_argument('--action', default='/vlm/ask')
     ap.add_argument('--ask', default='/ask')
     ap.add_argument('--cancel', default='/vlm/cancel')
@@ -232,12 +248,13 @@ def main():
     ap.add_argument('--prompt', default='What do you see?')
     ap.add_argument('--max-new-tokens', type=int, default=12)
     ap.add_argument('--queue-depth', type=int, default=2)
-    ap.add_argument('--count', type=int, default=300)
+    ap.add_argument('--count', type=int, default=150)
     ap.add_argument('--timeout', type=float, default=240.0)
     a = ap.parse_args()
     rclpy.init()
     p = ActionPeer(a)
-    report_and_exit(lambda: {'protocol': mode_protocol, 'expiry': mode_expiry}[a.mode](p, a))
+    modes = {'protocol': mode_protocol, 'expiry': mode_expiry, 'sigterm': mode_sigterm}
+    report_and_exit(lambda: modes[a.mode](p, a))
 
 
 if __name__ == '__main__':
