@@ -33,8 +33,10 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::ask::{AskContext, GoalHooks};
 use crate::ask_server::answer_contained;
 use crate::clock;
+use crate::interface::ErrorCode;
 use crate::msgs::action::Ask as AskAction;
 use crate::msgs::srv::Ask;
+use crate::outcome::{refused, Failure};
 use fields::GoalFeedback;
 use goals::{GoalId, Goals};
 
@@ -128,7 +130,10 @@ async fn serve(
 ) -> usize {
     let mut goals = Goals::<GetResult>::new(result_timeout);
     let mut flags: HashMap<GoalId, Arc<AtomicBool>> = HashMap::new();
-    let mut running: JoinSet<(GoalId, Ask::Response)> = JoinSet::new();
+    // Which goal each task runs: a task that ends without a response (it cannot panic past
+    // `answer_contained`, but a JoinError names only the task) still ends its goal.
+    let mut tasks: HashMap<tokio::task::Id, GoalId> = HashMap::new();
+    let mut running: JoinSet<Ask::Response> = JoinSet::new();
     let mut taking = true;
     let mut left = 0;
     publish_status(&e.status, &goals);
@@ -143,8 +148,17 @@ async fn serve(
                     tracing::info!(left, "waiting for the action goals already taken");
                 }
             }
-            Some(done) = running.join_next(), if !running.is_empty() => match done {
-                Ok((id, response)) => {
+            Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                let (task, response) = match done {
+                    Ok(done) => done,
+                    Err(err) => {
+                        tracing::error!(error = %err, "an action goal task ended without a result");
+                        let failure =
+                            Failure::new(ErrorCode::BackendError, format!("internal error: {err}"));
+                        (err.id(), refused(String::new(), failure))
+                    }
+                };
+                if let Some(id) = tasks.remove(&task) {
                     flags.remove(&id);
                     let result = fields::result(response);
                     let (status, waiting) = goals.finish(&id, result.clone(), Instant::now());
@@ -153,12 +167,11 @@ async fn serve(
                         respond_result(w, status, result.clone());
                     }
                 }
-                Err(err) => tracing::error!(error = %err, "an action goal task ended without a result"),
-            },
+            }
             Some(req) = e.send_goal.next(), if taking => {
                 if let Some((id, flag, task)) = accept(req, &mut goals, &e.feedback, &ctx) {
                     flags.insert(id, flag);
-                    running.spawn(task);
+                    tasks.insert(running.spawn(task).id(), id);
                     publish_status(&e.status, &goals);
                 }
             }
@@ -202,8 +215,7 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-type GoalTask =
-    std::pin::Pin<Box<dyn std::future::Future<Output = (GoalId, Ask::Response)> + Send>>;
+type GoalTask = std::pin::Pin<Box<dyn std::future::Future<Output = Ask::Response> + Send>>;
 
 /// Accepts a goal (a malformed or repeated goal id is the only rejection) and returns the
 /// task that runs it, with its cancel flag.
@@ -234,7 +246,7 @@ fn accept(
     };
     let request = fields::request(msg.goal);
     let ctx = ctx.clone();
-    let task = Box::pin(async move { (id, answer_contained(request, ctx, hooks).await) });
+    let task = Box::pin(answer_contained(request, ctx, hooks));
     Some((id, flag, task))
 }
 
