@@ -19,9 +19,9 @@ use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
 use common::node_proc::{
     cache_dir, check_image_header, check_stream, domain, ok, peer_env,
-    start_demo_node as start_node,
+    report_with_sigterm_at_first_token, start_demo_node as start_node,
 };
-use common::{peer_report, peer_report_with, repo_root, ros_env, spawn_python};
+use common::{peer_report, repo_root, ros_env, spawn_python};
 
 /// One node test at a time: each runs a node and a peer that together keep 2 cores busy, and
 /// the timing-sensitive checks (queue overlap, idle expiry) should not depend on the others.
@@ -374,16 +374,8 @@ async fn node_exits_cleanly_on_sigterm_mid_answer() -> anyhow::Result<()> {
     let node = start_node(&d, &[], &slow)?;
     let pid = node.child.id().context("node pid")?;
     let peer = spawn_python("tests/peers/node_peer.py", &["sigterm"], &peer_env(&d))?;
-    let mut sent = false;
-    let rep = peer_report_with(peer, Duration::from_secs(120), |line| {
-        if line == "FIRST TOKEN" && !sent {
-            sent = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-        }
-    })
-    .await?;
+    let (rep, sent) =
+        report_with_sigterm_at_first_token(peer, pid, Duration::from_secs(120)).await?;
     assert!(sent, "the peer never saw a token");
     let (exit, log) = node.exited(Duration::from_secs(20)).await?;
     assert!(exit.success(), "exit status {exit}");

@@ -14,8 +14,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::Value;
 
-use common::node_proc::{check_stream, domain, ok, peer_env, start_demo_node};
-use common::{peer_report, peer_report_with, ros_env, spawn_python};
+use common::node_proc::{
+    check_stream, domain, ok, peer_env, report_with_sigterm_at_first_token, start_demo_node,
+};
+use common::{peer_report, ros_env, spawn_python};
 
 // action_msgs/GoalStatus values.
 const SUCCEEDED: u64 = 4;
@@ -195,16 +197,8 @@ async fn action_goal_gets_its_result_when_the_node_stops() -> anyhow::Result<()>
     let node = start_demo_node(&d, &[], &slow)?;
     let pid = node.child.id().context("node pid")?;
     let peer = spawn_python("tests/peers/action_peer.py", &["sigterm"], &peer_env(&d))?;
-    let mut sent = false;
-    let rep = peer_report_with(peer, Duration::from_secs(120), |line| {
-        if line == "FIRST TOKEN" && !sent {
-            sent = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-        }
-    })
-    .await?;
+    let (rep, sent) =
+        report_with_sigterm_at_first_token(peer, pid, Duration::from_secs(120)).await?;
     assert!(sent, "the peer never saw feedback");
     let (exit, log) = node.exited(Duration::from_secs(20)).await?;
     assert!(exit.success(), "exit status {exit}");

@@ -260,3 +260,23 @@ pub fn check_image_header(case: &str, r: &Value, frame_id: &str, stamp: [i64; 2]
         );
     }
 }
+
+/// The peer's report, the node (`pid`) sent SIGTERM once when the peer prints `FIRST TOKEN`;
+/// `false` beside it when that never happened.
+pub async fn report_with_sigterm_at_first_token(
+    peer: Child,
+    pid: u32,
+    limit: Duration,
+) -> anyhow::Result<(Value, bool)> {
+    let mut sent = false;
+    let rep = super::peer_report_with(peer, limit, |line| {
+        if line == "FIRST TOKEN" && !sent {
+            sent = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+        }
+    })
+    .await?;
+    Ok((rep, sent))
+}
