@@ -93,10 +93,18 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
         "/robot1/vlm/tokens",
         "/robot1/vlm/answers",
         "/robot1/image_raw",
+        "/robot1/vlm/ask/_action/feedback",
+        "/robot1/vlm/ask/_action/status",
     ] {
         assert!(topics.iter().any(|t| t == want), "{want} not in {topics:?}");
     }
-    for want in ["/robot1/ask", "/robot1/vlm/cancel"] {
+    for want in [
+        "/robot1/ask",
+        "/robot1/vlm/cancel",
+        "/robot1/vlm/ask/_action/send_goal",
+        "/robot1/vlm/ask/_action/cancel_goal",
+        "/robot1/vlm/ask/_action/get_result",
+    ] {
         assert!(
             services.iter().any(|s| s == want),
             "{want} not in {services:?}"
@@ -116,6 +124,8 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
         "/vlm/tokens",
         "/vlm/answers",
         "/image_raw",
+        "/vlm/ask/_action/status",
+        "/vlm/ask/_action/send_goal",
     ] {
         assert!(
             !names("all_topics").iter().any(|t| t == gone)
