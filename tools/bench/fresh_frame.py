@@ -1,0 +1,116 @@
+"""Fresh-frame benchmark client (not a test): "What do you see?" at random moments while a
+camera publishes 640x480 frames at 10 Hz.
+
+    bash tools/bench/fresh-frame.sh [ASKS]    # builds, makes the package, runs this twice
+
+Asks ASKS greedy questions one at a time, each after a random pause (uniform in
+[--min-gap, --max-gap] s), on the default camera. Per ask: the node's ttft_s (from the
+request's arrival) and the age of the frame used (the client's ROS time at the call minus the
+answer's image_stamp, both from this host's clock). At the end the node's pre-fill counters
+from /diagnostics (hit rate, BPU duty). Prints one JSON object.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+
+import rclpy
+from rclpy.executors import SingleThreadedExecutor
+from rclpy.qos import qos_profile_sensor_data
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'tests', 'peers'))
+from node_peer import load_rgb, rgb8  # noqa: E402  (the test peer's frame helpers)
+
+from bpu_vlm_msgs.srv import Ask  # noqa: E402
+from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
+
+
+def quantile(xs, q):
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--asks', type=int, default=30)
+    ap.add_argument('--min-gap', type=float, default=0.5)
+    ap.add_argument('--max-gap', type=float, default=8.0)
+    ap.add_argument('--max-new-tokens', type=int, default=2)
+    ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--label', default='')
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    rclpy.init()
+    node = rclpy.create_node('fresh_frame_bench')
+    diag = {}
+    lock = threading.Lock()
+
+    def on_diag(d):
+        for s in d.status:
+            if s.name.endswith(': engine'):
+                with lock:
+                    diag.clear()
+                    diag.update({kv.key: kv.value for kv in s.values})
+
+    node.create_subscription(DiagnosticArray, '/diagnostics', on_diag, 10)
+    cam = node.create_publisher(Image, '/image_raw', qos_profile_sensor_data)
+    client = node.create_client(Ask, '/ask')
+    ex = SingleThreadedExecutor()
+    ex.add_node(node)
+    threading.Thread(target=ex.spin, daemon=True).start()
+    if not client.wait_for_service(timeout_sec=600):
+        raise SystemExit('no /ask')
+    frame = rgb8(load_rgb('scene_a.png', (640, 480)))
+    stop = threading.Event()
+
+    def camera():
+        while not stop.is_set():
+            frame.header.stamp = node.get_clock().now().to_msg()
+            cam.publish(frame)
+            time.sleep(0.1)
+
+    threading.Thread(target=camera, daemon=True).start()
+    time.sleep(2.0)
+    ttft, age = [], []
+    for i in range(a.asks):
+        time.sleep(rng.uniform(a.min_gap, a.max_gap))
+        req = Ask.Request(request_id=f'f{i}', prompt='What do you see?', temperature=0.0,
+                          max_new_tokens=a.max_new_tokens, use_default_stop=False)
+        sent = node.get_clock().now().nanoseconds * 1e-9
+        fut = client.call_async(req)
+        while not fut.done():
+            time.sleep(0.002)
+        r = fut.result()
+        if not r.success:
+            raise SystemExit(f'ask {i} failed: {r.error_code} {r.error_message}')
+        ttft.append(r.ttft_s)
+        age.append(sent - (r.image_stamp.sec + r.image_stamp.nanosec * 1e-9))
+    stop.set()
+    time.sleep(0.5)
+    with lock:
+        d = dict(diag)
+    print(json.dumps({
+        'label': a.label,
+        'asks': a.asks,
+        'ttft_s_median': round(statistics.median(ttft), 3),
+        'ttft_s_p95': round(quantile(ttft, 0.95), 3),
+        'frame_age_s_median': round(statistics.median(age), 3),
+        'frame_age_s_max': round(max(age), 3),
+        'prefill_hit_rate': d.get('prefill_hit_rate'),
+        'prefill_bpu_duty': d.get('prefill_bpu_duty'),
+        'prefills_done': d.get('prefills_done'),
+        'prefills_stopped': d.get('prefills_stopped'),
+        'ttft_s': [round(x, 3) for x in ttft],
+    }), flush=True)
+    # Tearing rclpy down under a live executor thread can abort the process; all is printed.
+    os._exit(0)
+
+
+if __name__ == '__main__':
+    main()
