@@ -76,19 +76,33 @@ pub enum AcceptError {
     Duplicate,
 }
 
+/// Finished goals kept at most, whatever arrives within the result timeout: a flood of goals
+/// (each aborted at once with `busy`) cannot grow memory and the status message (28 bytes a
+/// goal) without bound. The oldest finished goal goes first. Running goals are bounded by the
+/// queue: every goal beyond `queue_depth` ends at once.
+pub const MAX_FINISHED: usize = 4096;
+
 /// The goals the server knows. `W` is a waiting `get_result` request (its responder).
 pub struct Goals<W> {
     goals: HashMap<GoalId, Goal<W>>,
     result_timeout: Duration,
+    max_finished: usize,
     next_seq: u64,
 }
 
 impl<W> Goals<W> {
-    /// A finished goal is forgotten `result_timeout` after its end.
+    /// A finished goal is forgotten `result_timeout` after its end, or earlier when more than
+    /// [`MAX_FINISHED`] have finished since.
     pub fn new(result_timeout: Duration) -> Self {
+        Self::with_limit(result_timeout, MAX_FINISHED)
+    }
+
+    /// [`Goals::new`] keeping at most `max_finished` finished goals.
+    pub fn with_limit(result_timeout: Duration, max_finished: usize) -> Self {
         Self {
             goals: HashMap::new(),
             result_timeout,
+            max_finished,
             next_seq: 0,
         }
     }
@@ -193,7 +207,26 @@ impl<W> Goals<W> {
         g.status = status;
         g.result = Some(result);
         g.finished_at = Some(now);
-        (status, std::mem::take(&mut g.waiting))
+        let waiting = std::mem::take(&mut g.waiting);
+        self.forget_beyond_limit();
+        (status, waiting)
+    }
+
+    fn forget_beyond_limit(&mut self) {
+        let mut finished: Vec<(u64, GoalId)> = self
+            .goals
+            .iter()
+            .filter(|(_, g)| g.is_terminal())
+            .map(|(id, g)| (g.seq, *id))
+            .collect();
+        if finished.len() <= self.max_finished {
+            return;
+        }
+        finished.sort_unstable();
+        let excess = finished.len() - self.max_finished;
+        for (_, id) in &finished[..excess] {
+            self.goals.remove(id);
+        }
     }
 
     /// A `get_result` request: the waiter, status and result to answer with now when the
@@ -375,6 +408,28 @@ mod tests {
             Some((10, STATUS_SUCCEEDED, r)) => assert!(r.success),
             _ => panic!("a finished goal is answered at once"),
         }
+    }
+
+    #[test]
+    fn beyond_the_limit_the_oldest_finished_goal_goes_first() {
+        let mut g = Goals::<u32>::with_limit(Duration::from_secs(900), 2);
+        let now = Instant::now();
+        for n in 1..=5 {
+            g.accept(&uuid(n), t(1)).unwrap();
+        }
+        // Goal 2 ends first but was accepted after goal 1: accept order decides.
+        for n in [2, 1, 4, 5] {
+            g.finish(&[n; 16], result(true, ""), now);
+        }
+        assert_eq!(
+            statuses(&g),
+            vec![
+                (3, STATUS_EXECUTING),
+                (4, STATUS_SUCCEEDED),
+                (5, STATUS_SUCCEEDED)
+            ]
+        );
+        assert_eq!(g.len(), 3);
     }
 
     #[test]
