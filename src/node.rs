@@ -377,7 +377,9 @@ pub async fn run(
                     cameras,
                     camera: p.prefill_camera.clone(),
                     duty: p.prefill_duty,
-                    max_age: Duration::from_secs_f64(p.prefill_max_age_s),
+                    // Checked finite and >= 0; a value past Duration's range means no limit.
+                    max_age: Duration::try_from_secs_f64(p.prefill_max_age_s)
+                        .unwrap_or(Duration::MAX),
                     system: p.system_prompt.clone(),
                     ask_priority: p.bpu_priority,
                 }),

@@ -455,12 +455,19 @@ impl Params {
             session_idle_s: r.seconds("session_idle_s", Zero::Refused)?,
             cache_dir: r.opt_string("cache_dir")?.map(PathBuf::from),
         };
-        if let Some(cam) = &p.default_camera {
-            if !p.image_topics.contains(cam) && !p.compressed_image_topics.contains(cam) {
-                return Err(ParamError {
-                    name: "default_camera",
-                    reason: format!("{cam:?} is not in image_topics or compressed_image_topics"),
-                });
+        for (name, cam) in [
+            ("default_camera", &p.default_camera),
+            ("prefill_camera", &p.prefill_camera),
+        ] {
+            if let Some(cam) = cam {
+                if !p.image_topics.contains(cam) && !p.compressed_image_topics.contains(cam) {
+                    return Err(ParamError {
+                        name,
+                        reason: format!(
+                            "{cam:?} is not in image_topics or compressed_image_topics"
+                        ),
+                    });
+                }
             }
         }
         if p.backend == BackendChoice::Cpu && p.model_dir.is_none() {
@@ -700,6 +707,15 @@ mod tests {
         assert_eq!(
             Params::from_values(&given).unwrap_err().name,
             "default_camera"
+        );
+        given.remove("default_camera");
+        given.insert(
+            "prefill_camera".to_owned(),
+            ParameterValue::String("/nope".into()),
+        );
+        assert_eq!(
+            Params::from_values(&given).unwrap_err().name,
+            "prefill_camera"
         );
     }
 

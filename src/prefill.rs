@@ -106,7 +106,7 @@ impl Prefiller {
             system: cfg.system.clone(),
             tools: Vec::new(),
         };
-        Self {
+        let p = Self {
             cfg,
             system,
             completed: None,
@@ -117,7 +117,15 @@ impl Prefiller {
             busy: Duration::ZERO,
             since: now,
             stats: PrefillStats::default(),
+        };
+        match p.topic() {
+            Some(topic) => tracing::info!(%topic, "latest-frame pre-fill on"),
+            None => tracing::warn!(
+                camera = ?p.cfg.camera,
+                "latest-frame pre-fill off: prefill_camera names no configured camera"
+            ),
         }
+        p
     }
 
     pub fn stats(&self) -> PrefillStats {
