@@ -294,9 +294,13 @@ impl Prefiller {
         assistant: &mut Assistant,
     ) -> Option<Chosen> {
         let chosen = self.decide(plan, fresh, assistant);
-        // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later.
-        if !matches!(chosen, Some(Chosen::Resume)) && self.stopped.is_some() {
-            if let Err(e) = assistant.park_prefill() {
+        // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
+        // unless its frame is too old to be continued anyway (`run`).
+        if !matches!(chosen, Some(Chosen::Resume)) {
+            let worth = |f: &CachedFrame| f.age(Instant::now()) < self.cfg.max_age / 2;
+            if !self.stopped.as_ref().is_some_and(worth) {
+                self.stopped = None;
+            } else if let Err(e) = assistant.park_prefill() {
                 tracing::warn!("the stopped pre-fill could not be kept: {e}");
                 self.stopped = None;
             }
