@@ -382,3 +382,56 @@ impl Prefiller {
         Some(assistant.ask_prefilled(&p, turn, on_event))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use camera_frame::CacheConfig;
+
+    use super::*;
+
+    fn prefiller(duty: f64, now: Instant) -> Prefiller {
+        let cameras = CameraCache::new(
+            CacheConfig {
+                topics: vec!["/cam".into()],
+                default_camera: None,
+                warn_interval: Duration::from_secs(10),
+            },
+            now,
+        )
+        .unwrap();
+        let cfg = PrefillConfig {
+            cameras: Arc::new(cameras),
+            camera: None,
+            duty,
+            max_age: Duration::from_secs(10),
+            system: None,
+            ask_priority: 0,
+        };
+        Prefiller::new(cfg, now)
+    }
+
+    #[test]
+    fn the_duty_rests_in_proportion_and_no_frame_means_polling() {
+        let now = Instant::now();
+        let mut half = prefiller(0.5, now);
+        assert_eq!(half.topic().as_deref(), Some("/cam"), "the default camera");
+        // No frame yet: nothing due, the worker looks again after a short poll.
+        assert!(half.due(now).is_none());
+        assert_eq!(half.wait(now, Duration::from_secs(1)), FRAME_POLL);
+        // Duty 0.5: as long a rest as the pre-fill took, counted from its end.
+        let spent = Duration::from_millis(400);
+        let before = Instant::now();
+        half.account(spent);
+        let after = Instant::now();
+        assert!(half.rest_until >= before + spent && half.rest_until <= after + spent);
+        assert!(half.due(after).is_none(), "resting");
+        let mut full = prefiller(1.0, now);
+        let before = Instant::now();
+        full.account(spent);
+        assert!(
+            full.rest_until >= before && full.rest_until <= Instant::now(),
+            "duty 1: none"
+        );
+        assert!(full.stats().duty > 0.0);
+    }
+}
