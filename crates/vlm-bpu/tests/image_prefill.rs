@@ -151,6 +151,19 @@ fn a_prefill_stopped_at_each_graph_call_continues_to_the_same_answer() {
         assert_eq!(got.tokens, want.tokens, "stopped after call {k}");
         assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
     }
+    // Stopped after the tower, then a new pre-fill stopped before its tower: the first one's
+    // state is not offered for the second's image.
+    let mut calls = 0;
+    let o = a.prefill_image(&opts(q.system.as_deref()), &img, &mut || {
+        calls += 1;
+        calls > 1
+    });
+    assert!(matches!(o.unwrap(), PrefillOutcome::Stopped));
+    assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
+    a.park_prefill().unwrap();
+    let o = a.prefill_image(&opts(q.system.as_deref()), &image(4), &mut || true);
+    assert!(matches!(o.unwrap(), PrefillOutcome::Stopped));
+    assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
 }
 
 #[test]

@@ -127,6 +127,9 @@ impl Assistant {
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<PrefillOutcome, AssistantError> {
         let text = self.template.system_text(system)?;
+        // A new pre-fill supersedes a stopped one: whatever stops this one, the stopped state
+        // left behind is never another image's.
+        self.partial = None;
         let Some(base) = self.load_prefix(system, interrupt)? else {
             return Ok(PrefillOutcome::Stopped);
         };
