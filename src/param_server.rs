@@ -282,6 +282,16 @@ mod tests {
             .set("max_new_tokens", &ParameterValue::Integer(0))
             .unwrap_err();
         assert!(e.to_string().contains("1..=32768"), "{e}");
+        // In range as an f64, inf or 0 as the f32 the sampler holds.
+        for (name, bad) in [
+            ("temperature", 1e39),
+            ("repetition_penalty", 1e39),
+            ("top_p", 1e-46),
+        ] {
+            let e = s.set(name, &d(bad)).unwrap_err();
+            assert!(e.to_string().contains(name), "{e}");
+            assert!(e.to_string().contains("32-bit"), "{e}");
+        }
         let e = s.set("request_timeout_s", &d(f64::NAN)).unwrap_err();
         assert!(e.to_string().contains("request_timeout_s"), "{e}");
         let e = s.set("top_k", &ParameterValue::NotSet).unwrap_err();

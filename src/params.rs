@@ -318,6 +318,26 @@ impl Reader<'_> {
         }
     }
 
+    /// A double the sampler holds as an `f32`: checked again after the cast, since a finite
+    /// f64 can round to an infinite (1e39) or zero (1e-46) f32 that the range never saw.
+    fn float(
+        &self,
+        name: &'static str,
+        ok: impl Fn(f64) -> bool,
+        want: &str,
+    ) -> Result<f32, ParamError> {
+        let x = self.double(name, &ok, want)?;
+        let f = x as f32;
+        if f.is_finite() && ok(f64::from(f)) {
+            Ok(f)
+        } else {
+            Err(ParamError {
+                name,
+                reason: format!("{x} is {f} as a 32-bit float, which is not {want}"),
+            })
+        }
+    }
+
     /// A time in seconds that also fits a `Duration` and a deadline ([`time_limit`]).
     fn seconds(&self, name: &'static str, zero: Zero) -> Result<f64, ParamError> {
         let (ok, want): (fn(f64) -> bool, _) = match zero {
@@ -418,16 +438,16 @@ impl Params {
             system_prompt: r.opt_string("system_prompt")?,
             enable_thinking: r.bool("enable_thinking")?,
             max_new_tokens: r.int("max_new_tokens", 1..=i64::from(MAX_NEW_TOKENS_LIMIT))? as u32,
-            temperature: r.double("temperature", |x| x >= 0.0, ">= 0")? as f32,
-            top_p: r.double("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")? as f32,
+            temperature: r.float("temperature", |x| x >= 0.0, ">= 0")?,
+            top_p: r.float("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?,
             top_k: r.int("top_k", 0..=1_000_000)? as u32,
-            min_p: r.double("min_p", unit, "in [0, 1]")? as f32,
-            repetition_penalty: r.double("repetition_penalty", |x| x > 0.0, "> 0")? as f32,
-            presence_penalty: r.double(
+            min_p: r.float("min_p", unit, "in [0, 1]")?,
+            repetition_penalty: r.float("repetition_penalty", |x| x > 0.0, "> 0")?,
+            presence_penalty: r.float(
                 "presence_penalty",
                 |x| x.abs() <= 100.0,
                 "in [-100, 100]",
-            )? as f32,
+            )?,
             seed: u64::try_from(r.int("seed", -1..=i64::MAX)?).ok(),
             queue_depth: r.int("queue_depth", 1..=1024)? as usize,
             request_timeout_s: r.seconds("request_timeout_s", Zero::NoLimit)?,
@@ -476,7 +496,30 @@ impl Params {
                 reason: "backend cpu needs an HF checkpoint folder".into(),
             });
         }
+        p.check_sampling_defaults()?;
         Ok(p)
+    }
+
+    /// The runtime's own check of the defaults an ask without sampling fields uses: a value
+    /// it refuses is refused once here, not on every such ask.
+    fn check_sampling_defaults(&self) -> Result<(), ParamError> {
+        let defaults = vlm::sampler::SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k as usize,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            seed: self.seed,
+            ..Default::default()
+        };
+        defaults.validate().map_err(|e| ParamError {
+            name: match e {
+                vlm::sampler::SamplerError::BadParam { name, .. } => name,
+                _ => "temperature",
+            },
+            reason: e.to_string(),
+        })
     }
 
     /// `diagnostics_period_s` as a `Duration`.
@@ -814,6 +857,32 @@ mod tests {
         assert_eq!(
             hand_built.diagnostics_period().unwrap_err().name,
             "diagnostics_period_s"
+        );
+    }
+
+    /// A finite f64 inside the range can still be an f32 outside it: 1e39 is inf and 1e-46
+    /// is 0 as an f32, which every ask using the defaults would then be refused for.
+    #[test]
+    fn sampling_defaults_are_checked_as_the_f32_the_sampler_gets() {
+        for (name, bad) in [
+            ("temperature", 1e39),
+            ("repetition_penalty", 1e39),
+            ("top_p", 1e-46),
+        ] {
+            let given = HashMap::from([(name.to_owned(), ParameterValue::Double(bad))]);
+            let e = Params::from_values(&given).unwrap_err();
+            assert_eq!(e.name, name, "{bad}: {e}");
+            assert!(e.to_string().contains("32-bit"), "{name} = {bad}: {e}");
+        }
+        let given = HashMap::from([("temperature".to_owned(), ParameterValue::Double(3e38))]);
+        assert_eq!(Params::from_values(&given).unwrap().temperature, 3e38);
+        let hand_built = Params {
+            top_p: 0.0,
+            ..Params::from_values(&HashMap::new()).unwrap()
+        };
+        assert_eq!(
+            hand_built.check_sampling_defaults().unwrap_err().name,
+            "top_p"
         );
     }
 
