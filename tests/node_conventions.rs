@@ -141,22 +141,20 @@ async fn node_stamps_follow_sim_time() -> anyhow::Result<()> {
     ros_env();
     let _serial = SERIAL.lock().await;
     let d = domain();
-    let mut env = peer_env(&d);
-    env.remove(0);
     let node = start_node(
         &d,
         &[("use_sim_time", "true"), ("diagnostics_period_s", "0.2")],
-        &env,
-    )?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &["sim_time", "--max-new-tokens", &MAX_NEW.to_string()],
         &peer_env(&d),
     )?;
-    let rep = peer_report(peer, Duration::from_secs(180)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let max_new = MAX_NEW.to_string();
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &["sim_time", "--max-new-tokens", &max_new],
+            Duration::from_secs(180),
+        )
+        .await?;
     ok("sim time", &rep["ask"]);
     let pair = |v: &Value| [v[0].as_i64().unwrap(), v[1].as_i64().unwrap()];
     let stamp = |t: &Value| [t["sec"].as_i64().unwrap(), t["nanosec"].as_i64().unwrap()];

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::node_proc::{check_image_header, domain, ok, peer_env, start_demo_node};
-use common::{peer_report, ros_env, spawn_python};
+use common::ros_env;
 
 /// Rows of one 320 px image block on the demo model: 100 tower rows, `<|vision_start|>` and
 /// `<|vision_end|>` (as tests/node.rs measures).
@@ -23,8 +23,6 @@ const IMAGE_BLOCK: u64 = 102;
 async fn a_follow_up_on_the_same_frame_adds_only_its_question() -> anyhow::Result<()> {
     ros_env();
     let d = domain();
-    let mut env = peer_env(&d);
-    env.remove(0);
     let node = start_demo_node(
         &d,
         &[
@@ -34,13 +32,16 @@ async fn a_follow_up_on_the_same_frame_adds_only_its_question() -> anyhow::Resul
             // A pre-filled frame runs the tower outside the asks; the counts here are the asks'.
             ("prefill_latest_frame", "false"),
         ],
-        &env,
+        &peer_env(&d),
     )?;
-    let peer = spawn_python("tests/peers/followup_peer.py", &[], &peer_env(&d))?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/followup_peer.py",
+            &[],
+            Duration::from_secs(300),
+        )
+        .await?;
 
     let asks = &rep["asks"];
     let r = |id: &str| -> &Value { &asks[id] };

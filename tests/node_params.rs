@@ -8,11 +8,12 @@ mod common;
 
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde_json::Value;
 
 use bpu_vlm::params::SPECS;
 use common::node_proc::{domain, peer_env, start_demo_node, start_node_from_file};
-use common::{peer_report, ros_env, spawn_python};
+use common::ros_env;
 
 fn reason(rep: &Value, case: &str) -> String {
     let r = &rep["refused"][case];
@@ -28,20 +29,17 @@ fn close(v: &Value, want: f64) -> bool {
 async fn parameters_are_listed_described_set_refused_and_dumped() -> anyhow::Result<()> {
     ros_env();
     let d = domain();
-    let mut env = peer_env(&d);
-    env.remove(0);
     let dir = tempfile::tempdir()?;
     let dump = dir.path().join("vlm_node_dump.yaml");
-    let node = start_demo_node(&d, &[], &env)?;
-    let peer = spawn_python(
-        "tests/peers/param_peer.py",
-        &["serve", "--dump", dump.to_str().unwrap()],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let node = start_demo_node(&d, &[], &peer_env(&d))?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/param_peer.py",
+            &["serve", "--dump", dump.to_str().unwrap()],
+            Duration::from_secs(300),
+        )
+        .await?;
 
     // list: every parameter of the table, nothing else (no use_sim_time was given).
     let mut names: Vec<String> = serde_json::from_value(rep["names"].clone())?;
@@ -129,15 +127,16 @@ async fn parameters_are_listed_described_set_refused_and_dumped() -> anyhow::Res
 
     // The dump is a params file the node starts from, with the same values (the run-time
     // temperature included).
-    let node = start_node_from_file(&d, &dump, &env)?;
-    let peer = spawn_python("tests/peers/param_peer.py", &["values"], &peer_env(&d))?;
-    let again = peer_report(peer, Duration::from_secs(240)).await;
-    let (exit, log) = node.stop().await?;
-    let again = again?;
-    assert!(
-        exit.success(),
-        "vlm_node from the dump: exit status {exit}\n{log}"
-    );
+    let node = start_node_from_file(&d, &dump, &peer_env(&d))?;
+    let (again, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/param_peer.py",
+            &["values"],
+            Duration::from_secs(240),
+        )
+        .await
+        .context("vlm_node from the dump")?;
     assert_eq!(again["values"], rep["dumped"]);
     assert!(close(&again["values"]["temperature"], 0.0));
     Ok(())

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::node_proc::{check_stream, domain, ok, peer_env, start_demo_node};
-use common::{peer_report, ros_env, spawn_python};
+use common::ros_env;
 
 const SEEDS: usize = 24;
 
@@ -23,23 +23,20 @@ const SEEDS: usize = 24;
 async fn schema_answers_validate_and_what_cannot_be_enforced_is_refused() -> anyhow::Result<()> {
     ros_env();
     let d = domain();
-    let mut env = peer_env(&d);
-    env.remove(0);
     let node = start_demo_node(
         &d,
         &[("image_topics", "['/cam']"), ("default_camera", "/cam")],
-        &env,
-    )?;
-    let seeds = SEEDS.to_string();
-    let peer = spawn_python(
-        "tests/peers/schema_peer.py",
-        &["--seeds", &seeds],
         &peer_env(&d),
     )?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let seeds = SEEDS.to_string();
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/schema_peer.py",
+            &["--seeds", &seeds],
+            Duration::from_secs(300),
+        )
+        .await?;
     let asks = &rep["asks"];
     let r = |id: &str| -> &Value { &asks[id] };
     let resp = |id: &str| -> &Value { &r(id)["response"] };

@@ -155,6 +155,24 @@ impl NodeProc {
         let log = tokio::time::timeout(Duration::from_secs(5), self.log).await??;
         Ok((exit, log))
     }
+
+    /// Runs the rclpy peer `script` (with `args`) in `domain` against this node, then stops
+    /// the node: the peer's report and the node's log. Fails when the peer fails or the
+    /// node does not exit cleanly (the node is stopped either way, so its log is echoed).
+    pub async fn serve_peer(
+        self,
+        domain: &str,
+        script: &str,
+        args: &[&str],
+        limit: Duration,
+    ) -> anyhow::Result<(Value, String)> {
+        let peer = super::spawn_python(script, args, &peer_env(domain))?;
+        let report = super::peer_report(peer, limit).await;
+        let (exit, log) = self.stop().await?;
+        let report = report?;
+        ensure!(exit.success(), "vlm_node exit status {exit}");
+        Ok((report, log))
+    }
 }
 
 /// The messages of one admitted ask, checked: Tokens with the request's id and indices
