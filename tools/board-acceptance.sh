@@ -10,7 +10,8 @@
 # one object, keys environment, check, parity, contrast, timings, node, each with "pass"
 # true / false / null = skipped) and DIR/logs/ (every command's output). Exits 1 when a
 # section that ran did not pass, 2 on a usage or setup error. DIR defaults to
-# ./board-acceptance-<UTC time>.
+# ./board-acceptance-<UTC time>; a non-empty DIR an earlier run did not write is refused.
+# Run it as the user who runs the node, not with sudo (refused unless --allow-root).
 #
 # Sections (tools/board_acceptance.py; the Markdown is tools/board_report.py):
 #   environment  board only: hbDNN/hbUCP libraries and versions, the ION carveout against
@@ -32,19 +33,22 @@
 # Setup, each step skipped when already done: the ROS 2 environment (an already sourced one
 # that has bpu_vlm_msgs; on x86_64 tools/ros2-bootstrap.sh + .ros2/setup.bash; on the board
 # /opt/tros/humble and the colcon workspace this repository sits in), then one release build
-# of `vlm` and `vlm_node` (CARGO_TARGET_DIR honoured). BOARD_ACCEPTANCE_DOMAIN picks the
+# of `vlm` (CARGO_TARGET_DIR honoured) and of `vlm_node` unless the workspace's install/ has
+# one no older than the sources (always under --sim). BOARD_ACCEPTANCE_DOMAIN picks the
 # ROS_DOMAIN_ID of the node section (default: a random one in 40..99, in the namespace
 # /board_acceptance, so a robot's own graph is not disturbed).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-usage() { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 SIM=
+ALLOW_ROOT=
 OUT=
 PKG=
 while [ $# -gt 0 ]; do
   case "$1" in
     --sim) SIM=1; shift ;;
+    --allow-root) ALLOW_ROOT=1; shift ;;
     --out) OUT=${2:?--out needs a directory}; shift 2 ;;
     --out=*) OUT=${1#--out=}; shift ;;
     -h|--help) usage ;;
@@ -52,6 +56,22 @@ while [ $# -gt 0 ]; do
     *) [ -z "$PKG" ] || usage; PKG=$1; shift ;;
   esac
 done
+# Not under sudo: it builds with cargo, and sudo drops ~/.cargo/bin from PATH (secure_path)
+# and would leave target/ and DIR owned by root. The one root-only read, the BPU
+# performance-mode registers, goes through `sudo -n` (or the report prints the commands).
+# A root login (the board's root user, a CI container) owns what it builds: it runs, with a
+# note that it does not test a non-root user's device permissions.
+if [ "$(id -u)" = 0 ] && [ -z "$ALLOW_ROOT" ]; then
+  if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    echo "board-acceptance: run this as $SUDO_USER, not with sudo (a root build leaves target/" \
+      "and the report owned by root, and sudo's PATH has no ~/.cargo/bin). It reads the BPU" \
+      "performance-mode registers with 'sudo -n' when sudo needs no password, and otherwise" \
+      "prints the commands that read them. --allow-root runs it under sudo anyway." >&2
+    exit 2
+  fi
+  echo "[board-acceptance] note: running as root; the report's device permissions are root's," \
+    "not those of the user who will run the node" >&2
+fi
 if [ -n "$SIM" ] && [ -n "$PKG" ]; then
   echo "board-acceptance: --sim makes its own packages; give no PACKAGE_DIR" >&2; exit 2
 fi
@@ -61,8 +81,20 @@ if [ -z "$SIM" ]; then
   PKG=$(cd "$PKG" && pwd)
 fi
 OUT=${OUT:-$PWD/board-acceptance-$(date -u +%Y%m%d-%H%M%S)}
-mkdir -p "$OUT"
+# The run empties logs/ (and, with --sim, packages/) of DIR: only in a directory this script
+# made. A non-empty DIR without the marker (say `--out ~`) is refused, never cleaned. Runs
+# before the marker existed left logs/setup.json, which counts as the marker.
+MARKER=.board-acceptance-out
+if [ -d "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ] && [ ! -f "$OUT/$MARKER" ] \
+  && [ ! -f "$OUT/logs/setup.json" ]; then
+  echo "board-acceptance: --out $OUT is not empty and was not written by this script" \
+    "(no $MARKER in it): give a new or empty directory" >&2
+  exit 2
+fi
+mkdir -p "$OUT" || { echo "board-acceptance: cannot create $OUT" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
+printf 'written by tools/board-acceptance.sh, which empties logs/ and packages/ here\n' \
+  >"$OUT/$MARKER" || { echo "board-acceptance: cannot write to $OUT" >&2; exit 2; }
 # A fresh report each run: nothing of an earlier run may be read as this one's.
 rm -rf "$OUT/logs" "$OUT/board-report.md" "$OUT/board-report.json"
 mkdir -p "$OUT/logs"
@@ -76,7 +108,16 @@ step_done() { SETUP+=("$1=$(($(date +%s) - T_STEP))"); }
 have_msgs() { python3 -c 'import bpu_vlm_msgs.srv' >/dev/null 2>&1; }
 PEER_PY=python3
 step_start "ROS 2 environment"
-set +u  # ROS setup scripts read unset variables
+# ROS setup scripts read unset variables and run commands that may fail on the way: with
+# set -eu on they could end this script with no word. Each source is checked instead.
+set +eu
+source_ros() {
+  # shellcheck disable=SC1090
+  source "$1" || {
+    echo "board-acceptance: sourcing $1 failed (exit $?); run it in a shell to see why" >&2
+    exit 2
+  }
+}
 if [ -n "${ROS_DISTRO:-}" ] && have_msgs; then
   echo "[board-acceptance] using the sourced ROS 2 $ROS_DISTRO"
 elif [ "$(uname -m)" = x86_64 ]; then
@@ -84,20 +125,17 @@ elif [ "$(uname -m)" = x86_64 ]; then
     echo "board-acceptance: tools/ros2-bootstrap.sh failed, see $OUT/logs/00-ros2-bootstrap.log" >&2
     exit 2
   }
-  # shellcheck disable=SC1091
-  source "$ROOT/.ros2/setup.bash"
+  source_ros "$ROOT/.ros2/setup.bash"
 elif [ -f /opt/tros/humble/setup.bash ]; then
-  # shellcheck disable=SC1091
-  source /opt/tros/humble/setup.bash
+  source_ros /opt/tros/humble/setup.bash
   # The colcon workspace this repository sits in (README: ~/ros_ws/src/bpu_vlm) has the
   # bpu_vlm_msgs the node and the peer need.
   WS=$(cd "$ROOT/../.." && pwd)
   if [ -f "$WS/install/setup.bash" ]; then
-    # shellcheck disable=SC1091
-    source "$WS/install/setup.bash"
+    source_ros "$WS/install/setup.bash"
   fi
 fi
-set -u
+set -eu
 if [ -x "$ROOT/.ros2/venv/bin/python" ] && [[ ${AMENT_PREFIX_PATH:-} == *"$ROOT/.ros2"* ]]; then
   PEER_PY=$ROOT/.ros2/venv/bin/python
 fi
@@ -106,35 +144,72 @@ if [ -z "${ROS_DISTRO:-}" ] || ! "$PEER_PY" -c 'import bpu_vlm_msgs.srv' >/dev/n
     "board\" says, then source /opt/tros/humble/setup.bash and <workspace>/install/setup.bash" >&2
   exit 2
 fi
+# The node section's rclpy peer (tools/board_node_peer.py) shares tests/peers/node_peer.py,
+# which needs OpenCV and numpy; a fresh board image may have neither.
+if ! "$PEER_PY" -c 'import cv2, numpy' >/dev/null 2>&1; then
+  echo "board-acceptance: $PEER_PY cannot import cv2 and numpy (the node section's ROS 2 peer" \
+    "needs them): sudo apt install python3-opencv python3-numpy" >&2
+  exit 2
+fi
 step_done ros2
 
 # --------------------------------------------------------------------------- builds
-step_start "release build of vlm and vlm_node"
-(cd "$ROOT" && cargo build --release -p vlm-cli --bin vlm -p bpu_vlm --bin vlm_node) \
+# On the board, the vlm_node colcon built for the workspace (README "On the board") is the
+# one a user launches: reuse it unless a source is newer, and build only `vlm` (no r2r, no
+# message bindings). --sim (CI) always builds both from this checkout.
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+NODE=$BIN/vlm_node
+BUILD=(-p vlm-cli --bin vlm -p bpu_vlm --bin vlm_node)
+if [ -z "$SIM" ]; then
+  INSTALLED=$(cd "$ROOT/../.." && pwd)/install/bpu_vlm/lib/bpu_vlm/vlm_node
+  if [ -x "$INSTALLED" ]; then
+    NEWER=$(find "$ROOT/src" "$ROOT/crates" "$ROOT/msg" "$ROOT/Cargo.toml" "$ROOT/Cargo.lock" \
+      -newer "$INSTALLED" -type f -print -quit 2>/dev/null || true)
+    if [ -z "$NEWER" ]; then
+      NODE=$INSTALLED
+      BUILD=(-p vlm-cli --bin vlm)
+      echo "[board-acceptance] using the workspace's $INSTALLED"
+    else
+      echo "[board-acceptance] $INSTALLED is older than $NEWER: building vlm_node here too" \
+        "(rerun the README's colcon build to use the workspace's again)"
+    fi
+  fi
+fi
+command -v cargo >/dev/null || {
+  echo "board-acceptance: no cargo on PATH (install Rust with rustup, README \"On the board\")" >&2
+  exit 2
+}
+step_start "release build of ${BUILD[*]}"
+(cd "$ROOT" && cargo build --release "${BUILD[@]}") \
   >"$OUT/logs/00-cargo-build.log" 2>&1 || {
   tail -20 "$OUT/logs/00-cargo-build.log" >&2
   echo "board-acceptance: the release build failed, see $OUT/logs/00-cargo-build.log" >&2
   exit 2
 }
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
 step_done build
 
 PHOTO=$ROOT/tools/fixtures/images/scene_a.png
-ARGS=(--out "$OUT" --vlm "$BIN/vlm" --node "$BIN/vlm_node" --peer-python "$PEER_PY"
+ARGS=(--out "$OUT" --vlm "$BIN/vlm" --node "$NODE" --peer-python "$PEER_PY"
       --photo "$PHOTO")
 if [ -n "$SIM" ]; then
   step_start "simulator packages"
-  mkdir -p "$OUT/packages"
+  SIM_LOG=$OUT/logs/00-make-sim-package.log
+  sim_failed() {
+    tail -20 "$SIM_LOG" >&2
+    echo "board-acceptance: vlm make-sim-package ($1) failed, see $SIM_LOG" >&2
+    exit 2
+  }
+  mkdir -p "$OUT/packages" || { echo "board-acceptance: cannot create $OUT/packages" >&2; exit 2; }
   rm -rf "$OUT/packages/tiny-4b" "$OUT/packages/q4b-ctx4k"
   "$BIN/vlm" make-sim-package --hf "$ROOT/tools/fixtures/models/tiny-4b" \
     --tokenizer "$ROOT/tools/fixtures/tokenizer.json" --out "$OUT/packages/tiny-4b" \
-    >"$OUT/logs/00-make-sim-package.log" 2>&1
+    >"$SIM_LOG" 2>&1 || sim_failed tiny-4b
   # The published ctx4k layout with the 2026-11 padded tail (prefill_min_tail 5); without
   # weights the pad layout cannot be calibrated, so the timings name it (BENCHMARKS.md).
   "$BIN/vlm" make-sim-package --config "$ROOT/tools/bench/configs/qwen35-4b.json" --no-weights \
     --tokenizer "$ROOT/tools/fixtures/tokenizer.json" --cache-len 4096 \
     --prefill-pads --prefill-min-tail 5 --pad-layout first --out "$OUT/packages/q4b-ctx4k" \
-    >>"$OUT/logs/00-make-sim-package.log" 2>&1
+    >>"$SIM_LOG" 2>&1 || sim_failed q4b-ctx4k
   step_done sim_packages
   ARGS+=(--sim --package "$OUT/packages/tiny-4b" --timing-package "$OUT/packages/q4b-ctx4k"
          --repeats 1 --max-new 8 --node-timeout 120)

@@ -176,9 +176,39 @@ def ancestors():
     return pids
 
 
+def program_name(argv):
+    """The program a command line runs: the executable's base name, or for a Python
+    interpreter the script's (or `-m` module's) name."""
+    base = os.path.basename(argv[0])
+    if not base.startswith('python'):
+        return base
+    args = iter(argv[1:])
+    for x in args:
+        if x == '-m':
+            return next(args, base)
+        if x in ('-c', '-'):
+            return base
+        if x.startswith('-m') and len(x) > 2:
+            return x[2:]
+        if x in ('-W', '-X', '-Q'):
+            next(args, None)
+        elif not x.startswith('-'):
+            return os.path.basename(x)
+    return base
+
+
+def is_bpu_program(name):
+    name = name.lower()
+    if name.endswith('.py'):
+        name = name[:-3]
+    return name in ('vlm_node', 'vlm', 'bllm') or name.startswith(('bllm_', 'bllm-', 'bllm.'))
+
+
 def bpu_processes():
-    """Other processes that may hold the BPU: bllm (any argument naming it), vlm_node, vlm."""
-    mine, found = ancestors(), []
+    """Other processes that may hold the BPU, by the program they run (bllm, vlm_node, vlm),
+    and, apart, the other command lines that merely name bllm (`tail -f bllm.log`, an
+    editor, a grep): those are listed, not counted."""
+    mine, found, mentions = ancestors(), [], []
     for d in os.listdir('/proc'):
         if not d.isdigit() or int(d) in mine:
             continue
@@ -189,10 +219,12 @@ def bpu_processes():
             continue
         if not argv:
             continue
-        base = os.path.basename(argv[0])
-        if base in ('vlm_node', 'vlm') or any('bllm' in x.lower() for x in argv):
-            found.append({'pid': int(d), 'cmdline': ' '.join(argv)[:200]})
-    return found
+        entry = {'pid': int(d), 'cmdline': ' '.join(argv)[:200]}
+        if is_bpu_program(program_name(argv)):
+            found.append(entry)
+        elif any('bllm' in x.lower() for x in argv):
+            mentions.append(entry)
+    return found, mentions
 
 
 def device_info(path):
@@ -213,24 +245,32 @@ def device_info(path):
 
 
 def perf_mode(r):
+    """Reads the performance-mode registers without running anything else as root: directly
+    when this is root (--allow-root), else through `sudo -n` (only when sudo needs no
+    password); otherwise says which commands read them."""
     busybox = '/usr/bin/busybox'
     regs = {}
-    if os.geteuid() != 0:
-        return {'state': 'not read (reading the registers needs root: run the script with '
-                         'sudo -E to see it)', 'registers': regs, 'set_with': PERF_SET}
+    read_with = [f'sudo {busybox} devmem {reg} 32' for reg in PERF_REGS]
+    base = {'registers': regs, 'set_with': PERF_SET, 'read_with': read_with}
     if not os.path.exists(busybox):
-        return {'state': f'not read ({busybox} not found)', 'registers': regs,
-                'set_with': PERF_SET}
+        return dict(base, state=f'not read ({busybox} not found)')
+    prefix = [] if os.geteuid() == 0 else ['sudo', '-n']
     for reg in PERF_REGS:
-        rc, out, _err, _log = r.run('devmem', [busybox, 'devmem', reg, '32'])
+        try:
+            rc, out, err, _log = r.run('devmem', prefix + [busybox, 'devmem', reg, '32'],
+                                       timeout=30)
+        except OSError as e:  # no sudo on this system
+            rc, out, err = None, '', str(e)
+        if rc != 0 and prefix:
+            return dict(base, state='not read (it needs root, and `sudo -n` could not run it: '
+                                    f'{tail(err, 1) or "no sudo"}; run the read_with commands)')
         try:
             regs[reg] = int(out.strip(), 16) if rc == 0 else None
         except ValueError:
             regs[reg] = None
     ok = all(v == PERF_VALUE for v in regs.values())
-    return {'state': 'set (both registers read 0x99)' if ok else 'not set',
-            'registers': {k: (hex(v) if v is not None else None) for k, v in regs.items()},
-            'set_with': PERF_SET}
+    return dict(base, state='set (both registers read 0x99)' if ok else 'not set',
+                registers={k: (hex(v) if v is not None else None) for k, v in regs.items()})
 
 
 def governors():
@@ -269,10 +309,14 @@ def section_environment(r, a, rep):
     no_access = [d['path'] for d in devices if d['exists'] and not d['read_write']]
     if no_access:
         problems.append('this user cannot read and write ' + ', '.join(no_access))
-    others = bpu_processes()
+    others, mentions = bpu_processes()
     if others:
         problems.append('another BPU process is running: ' +
                         '; '.join(f"{o['pid']} {o['cmdline']}" for o in others))
+    if mentions:
+        warnings.append('running commands that name bllm without running it (check they do not '
+                        'hold the BPU): ' +
+                        '; '.join(f"{o['pid']} {o['cmdline']}" for o in mentions))
     perf = perf_mode(r)
     if perf['state'] == 'not set':
         warnings.append('BPU performance mode is not set: decode runs slower than published')
@@ -300,6 +344,7 @@ def section_environment(r, a, rep):
         'cpu_governor': {'governors': gov, 'set_with': GOVERNOR_SET},
         'devices': devices,
         'bpu_processes': others,
+        'bllm_mentions': mentions,
     }
 
 
@@ -441,7 +486,11 @@ def section_node(r, a):
                 '--photo', a.photo, '--timeout', str(a.node_timeout)]
     peer_env = dict(r.env, ROS_DOMAIN_ID=domain, FASTRTPS_DEFAULT_PROFILES_FILE=profile,
                     FASTDDS_DEFAULT_PROFILES_FILE=profile, **local)
-    node_died = False
+    node_died = timed_out = False
+    peer = None
+    # The peer ends itself after its timeout; this deadline holds when it hangs anyway (a
+    # stuck DDS shutdown, say), with a minute for its start-up and its own report.
+    deadline = time.monotonic() + a.node_timeout + 60
     with open(node_log, 'wb') as log, open(peer_log, 'w+b') as plog:
         log.write(('$ ' + ' '.join(cmd) + '\n').encode())
         log.flush()
@@ -458,10 +507,18 @@ def section_node(r, a):
                     node_died = True
                     peer.kill()
                     break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    peer.kill()
+                    break
                 time.sleep(0.2)
             out = peer.communicate()[0]
             rc = peer.returncode
         finally:
+            # Also on Ctrl-C or a crash here: neither process may outlive the section.
+            if peer is not None and peer.poll() is None:
+                peer.kill()
+                peer.wait()
             if node.poll() is None:
                 node.send_signal(signal.SIGTERM)
             try:
@@ -482,7 +539,10 @@ def section_node(r, a):
             last = tail(f.read(), 1)
         problems.append(f'vlm_node exited {node_rc} before the ask was answered: {last}')
     else:
-        if rc != 0 or rep is None:
+        if timed_out:
+            problems.append(f'the ROS 2 peer did not end within {a.node_timeout + 60:.0f} s '
+                            '(its timeout + 60 s) and was killed')
+        elif rc != 0 or rep is None:
             problems.append(f'the ROS 2 peer failed (exit {rc}): {tail(err, 1)}')
         if node_rc != 0:
             problems.append(f'vlm_node exited {node_rc} after SIGTERM (0 expected)')
@@ -573,6 +633,7 @@ def main():
         'mode': 'sim' if a.sim else 'board',
         'package': a.package,
         'timing_package': a.timing_package,
+        'vlm_node': a.node,
         'commit': git_describe(),
         'finished_utc': datetime.datetime.now(datetime.timezone.utc).strftime(
             '%Y-%m-%d %H:%M UTC'),

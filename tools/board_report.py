@@ -140,7 +140,9 @@ def environment_md(sec):
     out += ['', 'To set up what this section flags:', '',
             f"- ION: `{sec.get('ion_fix')}`",
             '- BPU performance mode (once per boot): ' +
-            '; '.join(f'`{c}`' for c in perf.get('set_with') or []),
+            '; '.join(f'`{c}`' for c in perf.get('set_with') or []) +
+            ('; to read it back: ' + '; '.join(f'`{c}`' for c in perf['read_with'])
+             if perf.get('read_with') else ''),
             f"- CPU governor: `{(sec.get('cpu_governor') or {}).get('set_with')}`",
             '- devices: see README, "On the board"']
     return out
@@ -300,7 +302,8 @@ def markdown(doc):
     lines.append('')
     lines.append(f"Package: {code(run.get('package'))}"
                  + (f"; timings on {code(run.get('timing_package'))}"
-                    if run.get('timing_package') else '') + '.')
+                    if run.get('timing_package') else '')
+                 + (f"; node: {code(run.get('vlm_node'))}" if run.get('vlm_node') else '') + '.')
     if not sim:
         lines += ['', 'Please send this file and `board-report.json` (same folder) back: they '
                   'hold no credentials, only versions, sizes, hashes, timings and the model\'s '
