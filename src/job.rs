@@ -107,6 +107,14 @@ impl Images {
             }
         }
     }
+
+    /// The key [`Images::take_inputs`] gives a camera frame, without converting it.
+    pub fn camera_key(&self) -> Option<ImageKey> {
+        match self {
+            Self::Camera(c) => Some(camera_key(c)),
+            _ => None,
+        }
+    }
 }
 
 /// A camera frame's identity: its topic and header stamp, and its arrival count on the topic,

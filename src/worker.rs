@@ -293,12 +293,14 @@ fn serve_all(
             .session_id
             .as_deref()
             .is_none_or(|s| sessions.get(s).is_none());
+        let stopped = stopped_in_queue(&job);
+        // Only a job that runs is a pre-fill camera ask (and may park a stopped pre-fill).
         let chosen = prefiller
             .as_mut()
+            .filter(|_| stopped.is_none())
             .and_then(|p| p.choose(&mut job.plan, fresh, &mut assistant));
         update(&stats, |s| s.state = WorkerState::Busy);
         let mut lost = None;
-        let stopped = stopped_in_queue(&job);
         let served = serve(job, &outputs, &stats, |plan, sink| match stopped {
             Some(failure) => Err(failure),
             None => {
@@ -553,10 +555,17 @@ fn generate(
     lost: &mut Option<String>,
     prefill: Option<(Chosen, &mut Prefiller)>,
 ) -> Result<Generated, Failure> {
-    (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?;
     // Only a turn that may be continued pays for a state snapshot.
     plan.turn.keep = plan.session_id.is_some();
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));
+    // A completed pre-fill holds the frame's image: only its key is needed, and the frame is
+    // not converted again on the way to the first token.
+    let prefilled_frame =
+        matches!(prefill, Some((Chosen::Completed(_), _))) && conversation.is_none();
+    match plan.images.camera_key().filter(|_| prefilled_frame) {
+        Some(key) => plan.turn.image_keys = vec![Some(key)],
+        None => (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?,
+    }
     if plan.session_id.is_some() && conversation.is_none() {
         tracing::info!(session = ?plan.session_id, "new session");
     }
