@@ -12,7 +12,7 @@ use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use serde_json::Value;
 use vlm::assistant::Turn;
 use vlm::sampler::SamplingParams;
-use vlm::structured::JsonSchemas;
+use vlm::structured::{JsonSchema, JsonSchemas};
 
 use crate::ask_action::fields::GoalFeedback;
 use crate::cameras::{frame_from_compressed, frame_from_image, frame_header};
@@ -41,6 +41,8 @@ pub struct AskContext {
     /// The served model's JSON-schema compiler: a request's `json_schema` is compiled (or
     /// refused) here, before queueing.
     pub schemas: Option<Arc<JsonSchemas>>,
+    /// Permits to compile a schema ([`structured::COMPILES_AT_ONCE`]).
+    pub compiles: tokio::sync::Semaphore,
 }
 
 impl AskContext {
@@ -134,6 +136,23 @@ pub fn plan(
     schemas: Option<&JsonSchemas>,
     now: Instant,
 ) -> Result<JobPlan, Failure> {
+    let checked = check(req, p)?;
+    let json_schema = structured::compile(&checked.req.json_schema, schemas)?;
+    finish(checked, json_schema, p, cameras, now)
+}
+
+/// A request whose fields are checked, up to its schema: what [`finish`] builds the job of.
+struct Checked {
+    req: Ask::Request,
+    thinking: bool,
+    sampling: SamplingParams,
+    timeout: Option<Duration>,
+    max_age: Option<Duration>,
+    tools: Vec<Value>,
+}
+
+/// Every check of [`plan`] before the schema's compile, which is the costly one.
+fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
     // Sizes first: nothing below parses, copies or scans a field before it is bounded.
     check_sizes(&req, p)?;
     if req.prompt.trim().is_empty() {
@@ -171,13 +190,35 @@ pub fn plan(
     if req.stop.iter().any(String::is_empty) {
         return Err(invalid("stop strings must not be empty"));
     }
-    // Last of the checks: compiling is the costly one.
-    let json_schema = if structured {
+    if structured {
         structured::check_conflicts(&tools, &req.stop)?;
-        structured::compile(&req.json_schema, schemas)?
-    } else {
-        None
-    };
+    }
+    Ok(Checked {
+        req,
+        thinking,
+        sampling,
+        timeout,
+        max_age,
+        tools,
+    })
+}
+
+/// The job of a checked request with its compiled schema: the deadline, the images, the turn.
+fn finish(
+    checked: Checked,
+    json_schema: Option<Arc<JsonSchema>>,
+    p: &Params,
+    cameras: Option<&CameraCache>,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    let Checked {
+        req,
+        thinking,
+        sampling,
+        timeout,
+        max_age,
+        tools,
+    } = checked;
     let max_new_tokens = if req.max_new_tokens == 0 {
         p.max_new_tokens
     } else {
@@ -225,6 +266,48 @@ pub fn plan(
         session_id: Some(session_id).filter(|s| !s.is_empty()),
         max_image_age: max_age,
     })
+}
+
+/// [`plan`] as the node runs it. Compiling a schema (llguidance, then a first mask over the
+/// whole vocabulary) can take long for a large uncached one, so it runs on the blocking
+/// pool, not on the runtime's two threads that also serve other asks, the action loop,
+/// `vlm/cancel` and diagnostics. A request whose schema would compile while the queue is
+/// full is refused `busy` before compiling; at most [`structured::COMPILES_AT_ONCE`]
+/// compile at once, and later ones wait their turn without holding a thread.
+async fn plan_async(
+    req: Ask::Request,
+    p: Arc<Params>,
+    ctx: &AskContext,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    let mut checked = check(req, &p)?;
+    let json_schema = match (&ctx.schemas, checked.req.json_schema.is_empty()) {
+        (Some(schemas), false) => {
+            ctx.registry
+                .room()
+                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))?;
+            // The semaphore is never closed; a closed one would only mean no limit.
+            let _permit = ctx.compiles.acquire().await;
+            let text = std::mem::take(&mut checked.req.json_schema);
+            let schemas = Arc::clone(schemas);
+            let compiled =
+                tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas)))
+                    .await;
+            match compiled {
+                Ok(r) => r?,
+                // A panic in the compiler is the request's, as it was on the handler's task.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => {
+                    return Err(Failure::new(
+                        ErrorCode::NotReady,
+                        format!("json_schema: the compile was stopped: {e}"),
+                    ))
+                }
+            }
+        }
+        (schemas, _) => structured::compile(&checked.req.json_schema, schemas.as_deref())?,
+    };
+    finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)
 }
 
 fn pick_images(
@@ -314,13 +397,7 @@ pub async fn handle_with(
     } else {
         req.request_id.clone()
     };
-    let mut plan = match plan(
-        req,
-        &ctx.params.snapshot(),
-        ctx.cameras.as_deref(),
-        ctx.schemas.as_deref(),
-        now,
-    ) {
+    let mut plan = match plan_async(req, ctx.params.snapshot(), &ctx, now).await {
         Ok(p) => p,
         Err(f) => {
             tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
@@ -394,9 +471,86 @@ pub fn cancel(req: &Cancel::Request, registry: &Registry) -> Cancel::Response {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
     use std::time::Duration;
 
     use super::*;
+
+    /// A context with the demo model's schema compiler and a queue of `depth`.
+    fn context(depth: usize) -> AskContext {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/models/tiny-4b");
+        let tokenizer = vlm::assistant::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
+        AskContext {
+            params: LiveParams::new(Params::from_values(&HashMap::new()).unwrap()),
+            cameras: None,
+            registry: Arc::new(Registry::new(depth)),
+            jobs: std::sync::Mutex::new(None),
+            schemas: Some(Arc::new(JsonSchemas::new(tokenizer, 640))),
+            compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+        }
+    }
+
+    fn request(schema: &str) -> Ask::Request {
+        Ask::Request {
+            prompt: "Where is the cup?".into(),
+            json_schema: schema.into(),
+            ..Default::default()
+        }
+    }
+
+    /// A schema compiles only with a permit, and waiting for one holds up nothing else: a
+    /// free-text request plans meanwhile.
+    #[tokio::test]
+    async fn a_schema_compiles_with_a_permit_and_waits_for_one() {
+        let ctx = context(4);
+        let now = Instant::now();
+        let held = ctx
+            .compiles
+            .acquire_many(structured::COMPILES_AT_ONCE as u32)
+            .await
+            .unwrap();
+        let schema = request(r#"{"type": "integer"}"#);
+        let mut waiting = Box::pin(plan_async(schema, ctx.params.snapshot(), &ctx, now));
+        assert!(futures::poll!(&mut waiting).is_pending());
+        let free = plan_async(request(""), ctx.params.snapshot(), &ctx, now).await;
+        assert!(free.unwrap().turn.json_schema.is_none());
+        assert!(futures::poll!(&mut waiting).is_pending(), "still no permit");
+        drop(held);
+        let planned = waiting.await.unwrap();
+        assert!(planned.turn.json_schema.is_some());
+        assert_eq!(
+            ctx.compiles.available_permits(),
+            structured::COMPILES_AT_ONCE
+        );
+    }
+
+    /// With the queue full, a schema is not compiled: the request is refused `busy` at once
+    /// (a free-text one is planned and refused at admission, as before).
+    #[tokio::test]
+    async fn a_full_queue_refuses_a_schema_before_compiling_it() {
+        let ctx = context(1);
+        let _running = ctx.registry.admit("running").unwrap();
+        let now = Instant::now();
+        for schema in [r#"{"type": "integer"}"#, "{"] {
+            let f = plan_async(request(schema), ctx.params.snapshot(), &ctx, now)
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(f.code, ErrorCode::Busy, "{schema}: {}", f.message);
+        }
+        // The cheap checks still come first.
+        let mut bad = request(r#"{"type": "integer"}"#);
+        bad.prompt.clear();
+        let f = plan_async(bad, ctx.params.snapshot(), &ctx, now)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+        assert!(plan_async(request(""), ctx.params.snapshot(), &ctx, now)
+            .await
+            .is_ok());
+    }
 
     #[test]
     fn camera_selection_errors_map_to_the_interface_codes() {

@@ -431,6 +431,7 @@ pub async fn run(
             Some(Ok(l)) => Some(l.schemas.clone()),
             _ => None,
         },
+        compiles: tokio::sync::Semaphore::new(crate::structured::COMPILES_AT_ONCE),
     });
     let mut result = Ok(());
     let mut ask_server = None;

@@ -125,6 +125,15 @@ impl Registry {
         self.lock().len()
     }
 
+    /// Whether a request could be admitted now (a hint: [`Registry::admit`] decides), so
+    /// costly planning is skipped for a request that would be refused `busy` anyway.
+    pub fn room(&self) -> Result<(), AdmitError> {
+        if self.len() >= self.depth {
+            return Err(AdmitError::Busy { depth: self.depth });
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }

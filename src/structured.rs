@@ -14,6 +14,11 @@ use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
 use crate::outcome::Failure;
 
+/// How many schemas the node compiles at once, each on a blocking-pool thread: a few large
+/// schemas cannot take every core from the answers, and the rest wait their turn (in
+/// order) without a thread.
+pub const COMPILES_AT_ONCE: usize = 2;
+
 fn invalid(e: SchemaError) -> Failure {
     Failure::new(ErrorCode::InvalidRequest, format!("json_schema: {e}"))
 }
@@ -21,8 +26,8 @@ fn invalid(e: SchemaError) -> Failure {
 /// The request's schema, compiled for the served model by its compiler (`schemas`, `None`
 /// while no model is loaded); `None` for free text (an empty field). A schema of only
 /// whitespace is refused like any other that is not one: nothing is silently ignored.
-/// Compiling is cheap once the compiler's token table is built (the worker builds it at
-/// start-up) and the compiler caches compiled schemas by text.
+/// The compiler caches compiled schemas by text, but a large new one can take long to
+/// compile: the node runs this off the async runtime (`ask::plan_async`).
 pub fn compile(
     text: &str,
     schemas: Option<&JsonSchemas>,
