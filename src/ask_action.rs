@@ -16,6 +16,7 @@
 
 pub mod fields;
 pub mod goals;
+pub mod pacing;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,7 @@ use crate::msgs::srv::Ask;
 use crate::outcome::{refused, Failure};
 use fields::GoalFeedback;
 use goals::{GoalId, Goals};
+use pacing::StatusPacer;
 
 type SendGoal = ServiceRequest<AskAction::SendGoal::Service>;
 type GetResult = ServiceRequest<AskAction::GetResult::Service>;
@@ -136,9 +138,12 @@ async fn serve(
     let mut running: JoinSet<Ask::Response> = JoinSet::new();
     let mut taking = true;
     let mut left = 0;
-    publish_status(&e.status, &goals);
+    let mut pacer = StatusPacer::default();
+    status_changed(&mut pacer, &e.status, &goals);
     loop {
+        publish_if_due(&mut pacer, &e.status, &goals);
         let expiry = goals.next_expiry();
+        let status_due = pacer.due();
         tokio::select! {
             biased;
             _ = &mut stopped, if taking => {
@@ -162,7 +167,7 @@ async fn serve(
                     flags.remove(&id);
                     let result = fields::result(response);
                     let (status, waiting) = goals.finish(&id, result.clone(), Instant::now());
-                    publish_status(&e.status, &goals);
+                    status_changed(&mut pacer, &e.status, &goals);
                     for w in waiting {
                         respond_result(w, status, result.clone());
                     }
@@ -172,7 +177,7 @@ async fn serve(
                 if let Some((id, flag, task)) = accept(req, &mut goals, &e.feedback, &ctx) {
                     flags.insert(id, flag);
                     tasks.insert(running.spawn(task).id(), id);
-                    publish_status(&e.status, &goals);
+                    status_changed(&mut pacer, &e.status, &goals);
                 }
             }
             Some(req) = e.cancel_goal.next() => {
@@ -184,7 +189,7 @@ async fn serve(
                 }
                 if !canceling.is_empty() {
                     tracing::info!(goals = canceling.len(), "action goals cancelled");
-                    publish_status(&e.status, &goals);
+                    status_changed(&mut pacer, &e.status, &goals);
                 }
                 if let Err(error) = req.respond(response) {
                     tracing::warn!(%error, "could not send a cancel_goal response");
@@ -198,13 +203,19 @@ async fn serve(
             }
             () = sleep_until(expiry), if expiry.is_some() => {
                 if goals.expire(Instant::now()) {
-                    publish_status(&e.status, &goals);
+                    status_changed(&mut pacer, &e.status, &goals);
                 }
             }
+            // Published at the top of the loop.
+            () = sleep_until(status_due), if status_due.is_some() => {}
         }
         if !taking && running.is_empty() {
             break;
         }
+    }
+    // The last changes (the last goals' ends) go out before the server stops.
+    if pacer.due().is_some() {
+        publish_status(&e.status, &goals);
     }
     left
 }
@@ -253,6 +264,30 @@ fn accept(
 fn respond_result(req: GetResult, status: i8, result: AskAction::Result) {
     if let Err(error) = req.respond(AskAction::GetResult::Response { status, result }) {
         tracing::warn!(%error, "could not send a get_result response");
+    }
+}
+
+/// Notes a change of the status array and sends it now when the pacer allows (else the
+/// loop sends it when due), so in the usual case a goal's status still goes out before its
+/// result.
+fn status_changed(
+    pacer: &mut StatusPacer,
+    publisher: &Publisher<GoalStatusArray>,
+    goals: &Goals<GetResult>,
+) {
+    pacer.changed(Instant::now());
+    publish_if_due(pacer, publisher, goals);
+}
+
+fn publish_if_due(
+    pacer: &mut StatusPacer,
+    publisher: &Publisher<GoalStatusArray>,
+    goals: &Goals<GetResult>,
+) {
+    let now = Instant::now();
+    if pacer.is_due(now) {
+        publish_status(publisher, goals);
+        pacer.published(now);
     }
 }
 

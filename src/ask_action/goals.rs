@@ -5,7 +5,7 @@
 //! status message for the node's lifetime). No ROS I/O here: the server task owns the table
 //! and sends what it returns.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use r2r::action_msgs::msg::{GoalInfo, GoalStatus, GoalStatusArray};
@@ -52,7 +52,9 @@ struct Goal<W> {
     seq: u64,
     /// Set once the goal is terminal.
     result: Option<Ask::Result>,
-    finished_at: Option<Instant>,
+    /// When it ended; `None` (never expires) when the result timeout reaches past what an
+    /// `Instant` can hold.
+    expires_at: Option<Instant>,
     /// `get_result` requests that arrived before the result.
     waiting: Vec<W>,
 }
@@ -70,7 +72,9 @@ impl<W> Goal<W> {
 /// Why a goal was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AcceptError {
-    #[error("the goal id is not 16 bytes")]
+    #[error(
+        "the goal id is not 16 bytes, or all zeros (a cancel request's zero id means every goal)"
+    )]
     BadId,
     #[error("a goal with this id is already known")]
     Duplicate,
@@ -78,13 +82,21 @@ pub enum AcceptError {
 
 /// Finished goals kept at most, whatever arrives within the result timeout: a flood of goals
 /// (each aborted at once with `busy`) cannot grow memory and the status message (28 bytes a
-/// goal) without bound. The oldest finished goal goes first. Running goals are bounded by the
+/// goal) without bound. The first to finish goes first. Running goals are bounded by the
 /// queue: every goal beyond `queue_depth` ends at once.
 pub const MAX_FINISHED: usize = 4096;
+
+/// `get_result` requests kept waiting for one goal's end; one more is answered at once with
+/// the goal's current status and a `busy` result, so a client cannot grow a goal's list
+/// without bound.
+pub const MAX_WAITING: usize = 64;
 
 /// The goals the server knows. `W` is a waiting `get_result` request (its responder).
 pub struct Goals<W> {
     goals: HashMap<GoalId, Goal<W>>,
+    /// The finished goals in the order they ended, which is also the order they expire in
+    /// (one result timeout for all): expiry and the limit take from the front.
+    finished: VecDeque<GoalId>,
     result_timeout: Duration,
     max_finished: usize,
     next_seq: u64,
@@ -101,6 +113,7 @@ impl<W> Goals<W> {
     pub fn with_limit(result_timeout: Duration, max_finished: usize) -> Self {
         Self {
             goals: HashMap::new(),
+            finished: VecDeque::new(),
             result_timeout,
             max_finished,
             next_seq: 0,
@@ -118,7 +131,10 @@ impl<W> Goals<W> {
     /// Accepts a new goal, which starts executing at once (the node's queue, not the action
     /// layer, decides when it runs; a goal the queue refuses is aborted with the reason).
     pub fn accept(&mut self, uuid: &[u8], stamp: Time) -> Result<GoalId, AcceptError> {
-        let id = goal_id(uuid).ok_or(AcceptError::BadId)?;
+        // A zero id could never be cancelled on its own: in a cancel request it means all.
+        let id = goal_id(uuid)
+            .filter(|id| *id != [0; 16])
+            .ok_or(AcceptError::BadId)?;
         if self.goals.contains_key(&id) {
             return Err(AcceptError::Duplicate);
         }
@@ -130,7 +146,7 @@ impl<W> Goals<W> {
                 status: STATUS_EXECUTING,
                 seq: self.next_seq,
                 result: None,
-                finished_at: None,
+                expires_at: None,
                 waiting: Vec::new(),
             },
         );
@@ -191,11 +207,15 @@ impl<W> Goals<W> {
 
     /// Ends a goal with its result: SUCCEEDED when the answer completed, CANCELED when it
     /// stopped by cancel after the goal's cancel was accepted, ABORTED otherwise. Returns the
-    /// terminal status and the waiting `get_result` requests to answer with it.
+    /// terminal status and the waiting `get_result` requests to answer with it. A goal
+    /// already ended keeps its result and status (nothing waits for it any more).
     pub fn finish(&mut self, id: &GoalId, result: Ask::Result, now: Instant) -> (i8, Vec<W>) {
         let Some(g) = self.goals.get_mut(id) else {
             return (STATUS_UNKNOWN, Vec::new());
         };
+        if g.is_terminal() {
+            return (g.status, Vec::new());
+        }
         let status = if result.success {
             STATUS_SUCCEEDED
         } else if g.status == STATUS_CANCELING && result.error_code == ErrorCode::Cancelled.as_str()
@@ -206,26 +226,30 @@ impl<W> Goals<W> {
         };
         g.status = status;
         g.result = Some(result);
-        g.finished_at = Some(now);
+        // Never before the goal that ended last: the queue stays in expiry order even if a
+        // caller's clock were not monotonic.
+        let latest = self
+            .finished
+            .back()
+            .and_then(|last| self.goals.get(last))
+            .and_then(|last| last.expires_at);
+        let Some(g) = self.goals.get_mut(id) else {
+            return (STATUS_UNKNOWN, Vec::new());
+        };
+        g.expires_at = now
+            .checked_add(self.result_timeout)
+            .map(|at| latest.map_or(at, |l| at.max(l)));
         let waiting = std::mem::take(&mut g.waiting);
-        self.forget_beyond_limit();
+        self.finished.push_back(*id);
+        while self.finished.len() > self.max_finished {
+            self.forget_oldest_finished();
+        }
         (status, waiting)
     }
 
-    fn forget_beyond_limit(&mut self) {
-        let mut finished: Vec<(u64, GoalId)> = self
-            .goals
-            .iter()
-            .filter(|(_, g)| g.is_terminal())
-            .map(|(id, g)| (g.seq, *id))
-            .collect();
-        if finished.len() <= self.max_finished {
-            return;
-        }
-        finished.sort_unstable();
-        let excess = finished.len() - self.max_finished;
-        for (_, id) in &finished[..excess] {
-            self.goals.remove(id);
+    fn forget_oldest_finished(&mut self) {
+        if let Some(id) = self.finished.pop_front() {
+            self.goals.remove(&id);
         }
     }
 
@@ -237,6 +261,17 @@ impl<W> Goals<W> {
             None => Some((waiter, STATUS_UNKNOWN, Ask::Result::default())),
             Some(g) => match &g.result {
                 Some(r) => Some((waiter, g.status, r.clone())),
+                None if g.waiting.len() >= MAX_WAITING => {
+                    let busy = Ask::Result {
+                        error_code: ErrorCode::Busy.as_str().to_owned(),
+                        error_message: format!(
+                            "{MAX_WAITING} get_result requests already wait for this goal; ask \
+                             again later"
+                        ),
+                        ..Default::default()
+                    };
+                    Some((waiter, g.status, busy))
+                }
                 None => {
                     g.waiting.push(waiter);
                     None
@@ -248,21 +283,17 @@ impl<W> Goals<W> {
     /// Forgets every goal that ended at least the result timeout ago; true when any went.
     pub fn expire(&mut self, now: Instant) -> bool {
         let before = self.goals.len();
-        let timeout = self.result_timeout;
-        self.goals.retain(|_, g| {
-            g.finished_at
-                .is_none_or(|t| now.saturating_duration_since(t) < timeout)
-        });
+        while self.next_expiry().is_some_and(|at| at <= now) {
+            self.forget_oldest_finished();
+        }
         self.goals.len() != before
     }
 
-    /// When the next finished goal expires, if any goal has finished.
+    /// When the next finished goal expires; `None` when none has finished or the next one
+    /// never expires (a result timeout past what an `Instant` can hold).
     pub fn next_expiry(&self) -> Option<Instant> {
-        self.goals
-            .values()
-            .filter_map(|g| g.finished_at)
-            .min()
-            .map(|t| t + self.result_timeout)
+        let first = self.finished.front()?;
+        self.goals.get(first)?.expires_at
     }
 
     /// The `_action/status` message: every known goal, oldest first.
@@ -334,6 +365,8 @@ mod tests {
     fn ids_must_be_16_bytes_and_new() {
         let mut g = Goals::<u32>::new(Duration::from_secs(1));
         assert_eq!(g.accept(&[1; 15], t(1)), Err(AcceptError::BadId));
+        // All zeros: a cancel request with this id would cancel every goal, not this one.
+        assert_eq!(g.accept(&[0; 16], t(1)), Err(AcceptError::BadId));
         g.accept(&uuid(1), t(1)).unwrap();
         assert_eq!(g.accept(&uuid(1), t(2)), Err(AcceptError::Duplicate));
         assert_eq!(statuses(&g), vec![(1, STATUS_EXECUTING)]);
@@ -410,17 +443,60 @@ mod tests {
         }
     }
 
+    /// At most [`MAX_WAITING`] `get_result` requests wait for one goal; the next is answered
+    /// at once with the goal's status and a `busy` result, and the waiting ones still get
+    /// the real result.
     #[test]
-    fn beyond_the_limit_the_oldest_finished_goal_goes_first() {
+    fn waiting_results_are_capped_per_goal() {
+        let mut g = Goals::<usize>::new(Duration::from_secs(1));
+        g.accept(&uuid(1), t(1)).unwrap();
+        g.accept(&uuid(2), t(1)).unwrap();
+        for w in 0..MAX_WAITING {
+            assert!(g.get_result(&uuid(1), w).is_none(), "{w}");
+        }
+        match g.get_result(&uuid(1), 999) {
+            Some((999, STATUS_EXECUTING, r)) => {
+                assert!(!r.success);
+                assert_eq!(r.error_code, "busy");
+                assert!(r.error_message.contains("64"), "{}", r.error_message);
+            }
+            _ => panic!("one over the cap is answered at once"),
+        }
+        assert!(g.get_result(&uuid(2), 1000).is_none(), "per goal");
+        let (_, waiting) = g.finish(&[1; 16], result(true, ""), Instant::now());
+        assert_eq!(waiting, (0..MAX_WAITING).collect::<Vec<_>>());
+        assert!(matches!(
+            g.get_result(&uuid(1), 1001),
+            Some((1001, STATUS_SUCCEEDED, _))
+        ));
+    }
+
+    /// Finished goals are forgotten in the order they ended (which is the order they expire
+    /// in), however they were accepted.
+    #[test]
+    fn beyond_the_limit_the_first_finished_goal_goes_first() {
         let mut g = Goals::<u32>::with_limit(Duration::from_secs(900), 2);
         let now = Instant::now();
         for n in 1..=5 {
             g.accept(&uuid(n), t(1)).unwrap();
         }
-        // Goal 2 ends first but was accepted after goal 1: accept order decides.
-        for n in [2, 1, 4, 5] {
+        // Goal 2 ends first though accepted after goal 1: it goes first.
+        for n in [2, 1, 4] {
             g.finish(&[n; 16], result(true, ""), now);
         }
+        assert_eq!(
+            statuses(&g),
+            vec![
+                (1, STATUS_SUCCEEDED),
+                (3, STATUS_EXECUTING),
+                (4, STATUS_SUCCEEDED),
+                (5, STATUS_EXECUTING)
+            ]
+        );
+        // A second finish of an ended goal changes nothing (and is not counted twice).
+        let (status, _) = g.finish(&[4; 16], result(false, "busy"), now);
+        assert_eq!(status, STATUS_SUCCEEDED);
+        g.finish(&[5; 16], result(true, ""), now);
         assert_eq!(
             statuses(&g),
             vec![
@@ -430,6 +506,21 @@ mod tests {
             ]
         );
         assert_eq!(g.len(), 3);
+    }
+
+    /// A result timeout too long for an `Instant` means the goal never expires (it used to
+    /// panic in `Instant + Duration`).
+    #[test]
+    fn a_result_timeout_past_an_instant_never_expires() {
+        for timeout in [Duration::MAX, Duration::from_secs(u64::MAX / 2)] {
+            let mut g = Goals::<u32>::new(timeout);
+            let now = Instant::now();
+            g.accept(&uuid(1), t(1)).unwrap();
+            g.finish(&[1; 16], result(true, ""), now);
+            assert_eq!(g.next_expiry(), None);
+            assert!(!g.expire(now + Duration::from_secs(1 << 40)));
+            assert_eq!(g.len(), 1);
+        }
     }
 
     #[test]
