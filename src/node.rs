@@ -380,7 +380,7 @@ pub async fn run(
                     // Checked finite and >= 0; a value past Duration's range means no limit.
                     max_age: Duration::try_from_secs_f64(p.prefill_max_age_s)
                         .unwrap_or(Duration::MAX),
-                    system: p.system_prompt.clone(),
+                    params: live.clone(),
                     ask_priority: p.bpu_priority,
                 }),
         };

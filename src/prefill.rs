@@ -12,10 +12,12 @@
 //! does not continue is parked (a snapshot) and continued when the worker is idle again, while
 //! its frame is younger than half of `prefill_max_age_s`.
 //!
-//! Cost bounds: a pre-fill starts only when the queue is empty, is asked before every graph
-//! call whether an ask came (and then stops there, so an ask waits at most one graph call),
-//! keeps its BPU time to `prefill_duty` of the wall time by resting after each pre-fill, and
-//! submits one priority below the asks' `bpu_priority` (never below 0).
+//! Cost bounds: a pre-fill starts only when the queue is empty, is asked before the frame's
+//! conversion and before every graph call whether an ask came (and then stops there, so an ask
+//! waits at most one graph call, and when that call completed the pre-fill, its snapshot: a
+//! host copy of the whole decode state), keeps its BPU time to `prefill_duty` of the wall
+//! time by resting after each pre-fill, and submits one priority below the asks'
+//! `bpu_priority` (never below 0).
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -29,6 +31,7 @@ use vlm::stream::Event;
 
 use crate::job::{Images, Job, JobPlan};
 use crate::panics::{contained, Panic};
+use crate::param_server::LiveParams;
 
 /// How often an idle worker looks for a newer frame to pre-fill.
 const FRAME_POLL: Duration = Duration::from_millis(20);
@@ -43,8 +46,9 @@ pub struct PrefillConfig {
     pub duty: f64,
     /// Oldest frame an ask without `max_image_age_s` is served from a pre-fill.
     pub max_age: Duration,
-    /// The system block pre-fills are made for (the node's `system_prompt`, no tools).
-    pub system: Option<String>,
+    /// The served parameters: pre-fills are made for the system block of the current
+    /// `system_prompt` (settable at run time), no tools.
+    pub params: LiveParams,
     /// Priority of the asks' BPU tasks; pre-fills submit one below.
     pub ask_priority: u8,
 }
@@ -103,7 +107,7 @@ pub struct Prefiller {
 impl Prefiller {
     pub fn new(cfg: PrefillConfig, now: Instant) -> Self {
         let system = SystemOptions {
-            system: cfg.system.clone(),
+            system: cfg.params.snapshot().system_prompt.clone(),
             tools: Vec::new(),
         };
         let p = Self {
@@ -164,6 +168,20 @@ impl Prefiller {
         (!seen).then_some(f)
     }
 
+    /// Follows a run-time set of `system_prompt`: what was pre-filled for the old one can
+    /// serve no default ask anymore, so it is dropped (not continued, not parked) and the
+    /// newest frame, even one tried already, is pre-filled again for the new one.
+    fn follow_system(&mut self) {
+        let live = self.cfg.params.snapshot().system_prompt.clone();
+        if live != self.system.system {
+            tracing::debug!("system_prompt changed: pre-fills start over");
+            self.system.system = live;
+            self.completed = None;
+            self.stopped = None;
+            self.tried = None;
+        }
+    }
+
     /// How long an idle worker may wait for a job before looking again.
     pub fn wait(&self, now: Instant, idle: Duration) -> Duration {
         if self.due(now).is_some() {
@@ -188,6 +206,7 @@ impl Prefiller {
         pending: &mut Option<Job>,
         shutdown: &vlm::interrupt::Interrupt,
     ) -> RunEnd {
+        self.follow_system();
         let now = Instant::now();
         // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
         // an older one gives way to the newest frame.
@@ -198,15 +217,6 @@ impl Prefiller {
         });
         let Some(frame) = resumable.or_else(|| self.due(now)) else {
             return RunEnd::Fine;
-        };
-        self.tried = Some((frame.topic.clone(), frame.seq));
-        let image = match Images::Camera(frame.clone()).take_inputs() {
-            Ok((mut images, _)) if images.len() == 1 => images.remove(0),
-            Ok(_) => return RunEnd::Fine,
-            Err(f) => {
-                tracing::debug!("frame not pre-filled: {}", f.message);
-                return RunEnd::Fine;
-            }
         };
         let mut closed = false;
         let mut interrupt = || {
@@ -219,25 +229,40 @@ impl Prefiller {
             }
             pending.is_some() || closed || shutdown.is_raised()
         };
-        assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
-        let t0 = Instant::now();
+        // The frame's conversion (a JPEG decode, an NV12 conversion) cannot be interrupted:
+        // an ask that came meanwhile goes first.
+        if interrupt() {
+            return RunEnd::Fine;
+        }
+        self.tried = Some((frame.topic.clone(), frame.seq));
         let system = self.system.clone();
-        // The stopped pre-fill of this very frame goes on where it stopped.
+        // The stopped pre-fill of this very frame goes on where it stopped, without its image.
         let resume = self
             .stopped
             .as_ref()
             .is_some_and(|s| s.seq == frame.seq && s.topic == frame.topic)
             && assistant.can_resume_prefill(&system);
-        let ran = contained(|| {
-            if resume {
-                assistant.resume_prefill(&mut interrupt)
-            } else {
-                assistant.prefill_image(&system, &image, &mut interrupt)
+        let image = if resume {
+            None
+        } else {
+            match Images::Camera(frame.clone()).take_inputs() {
+                Ok((mut images, _)) if images.len() == 1 => Some(images.remove(0)),
+                Ok(_) => return RunEnd::Fine,
+                Err(f) => {
+                    tracing::debug!("frame not pre-filled: {}", f.message);
+                    return RunEnd::Fine;
+                }
             }
+        };
+        assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
+        let t0 = Instant::now();
+        let ran = contained(|| match &image {
+            Some(image) => assistant.prefill_image(&system, image, &mut interrupt),
+            None => assistant.resume_prefill(&mut interrupt),
         });
-        let spent = t0.elapsed();
+        let end = Instant::now();
         assistant.set_priority(self.cfg.ask_priority);
-        self.account(spent);
+        self.account(end - t0, end);
         match ran {
             Ok(Ok(PrefillOutcome::Done(p))) => {
                 self.stats.done += 1;
@@ -276,11 +301,10 @@ impl Prefiller {
     }
 
     /// Rests so that pre-fills keep the BPU at most `duty` of the time: after `spent` busy,
-    /// `spent · (1 − duty) / duty` idle.
-    fn account(&mut self, spent: Duration) {
+    /// `spent · (1 − duty) / duty` idle, from `now` (the pre-fill's end).
+    fn account(&mut self, spent: Duration, now: Instant) {
         self.busy += spent;
         let duty = self.cfg.duty.clamp(0.01, 1.0);
-        let now = Instant::now();
         self.rest_until = now + spent.mul_f64((1.0 - duty) / duty);
     }
 
@@ -293,6 +317,8 @@ impl Prefiller {
         fresh: bool,
         assistant: &mut Assistant,
     ) -> Option<Chosen> {
+        // A stopped pre-fill for a system prompt set away is not parked for nothing.
+        self.follow_system();
         let chosen = self.decide(plan, fresh, assistant);
         // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
         // unless its frame is too old to be continued anyway (`run`).
@@ -385,11 +411,24 @@ impl Prefiller {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use camera_frame::CacheConfig;
+    use r2r::ParameterValue;
 
     use super::*;
+    use crate::param_server::ParamServer;
+    use crate::params::Params;
+
+    fn live() -> LiveParams {
+        LiveParams::new(Params::from_values(&HashMap::new()).unwrap())
+    }
 
     fn prefiller(duty: f64, now: Instant) -> Prefiller {
+        prefiller_with(duty, now, live())
+    }
+
+    fn prefiller_with(duty: f64, now: Instant, params: LiveParams) -> Prefiller {
         let cameras = CameraCache::new(
             CacheConfig {
                 topics: vec!["/cam".into()],
@@ -404,7 +443,7 @@ mod tests {
             camera: None,
             duty,
             max_age: Duration::from_secs(10),
-            system: None,
+            params,
             ask_priority: 0,
         };
         Prefiller::new(cfg, now)
@@ -420,18 +459,44 @@ mod tests {
         assert_eq!(half.wait(now, Duration::from_secs(1)), FRAME_POLL);
         // Duty 0.5: as long a rest as the pre-fill took, counted from its end.
         let spent = Duration::from_millis(400);
-        let before = Instant::now();
-        half.account(spent);
-        let after = Instant::now();
-        assert!(half.rest_until >= before + spent && half.rest_until <= after + spent);
-        assert!(half.due(after).is_none(), "resting");
-        let mut full = prefiller(1.0, now);
-        let before = Instant::now();
-        full.account(spent);
-        assert!(
-            full.rest_until >= before && full.rest_until <= Instant::now(),
-            "duty 1: none"
+        let end = now + Duration::from_secs(3);
+        half.account(spent, end);
+        assert_eq!(half.rest_until, end + spent);
+        assert!(half.due(end + spent / 2).is_none(), "resting");
+        assert_eq!(
+            half.wait(end + spent / 2, Duration::from_secs(1)),
+            spent / 2
         );
-        assert!(full.stats().duty > 0.0);
+        assert_eq!(
+            half.wait(end, Duration::from_millis(100)),
+            Duration::from_millis(100)
+        );
+        // Duty 0.25: three times as long.
+        let mut quarter = prefiller(0.25, now);
+        quarter.account(spent, end);
+        assert_eq!(quarter.rest_until, end + spent * 3);
+        let mut full = prefiller(1.0, now);
+        full.account(spent, end);
+        assert_eq!(full.rest_until, end, "duty 1: none");
+        assert_eq!(full.busy, spent);
+    }
+
+    #[test]
+    fn a_run_time_system_prompt_is_followed_and_starts_the_pre_fills_over() {
+        let now = Instant::now();
+        let params = live();
+        let server = ParamServer::new(params.clone(), false);
+        let mut p = prefiller_with(1.0, now, params);
+        assert_eq!(p.system.system, None, "empty = the package's");
+        p.tried = Some(("/cam".into(), 7));
+        p.follow_system();
+        assert!(p.tried.is_some(), "unchanged: nothing starts over");
+        server
+            .set("system_prompt", &ParameterValue::String("Be brief.".into()))
+            .unwrap();
+        p.follow_system();
+        assert_eq!(p.system.system.as_deref(), Some("Be brief."));
+        assert!(p.tried.is_none(), "the tried frame is pre-filled again");
+        assert!(p.completed.is_none() && p.stopped.is_none());
     }
 }

@@ -7,7 +7,11 @@
 //!   whose `max_image_age_s` the pre-filled frame exceeds gets the newer frame (prefilled in
 //!   full), both correct and answered in queue order;
 //! - another system prompt or another camera misses the pre-fill and is still correct;
-//! - with a 10 Hz camera keeping pre-fills due, none starts while asks are queued.
+//! - with a 10 Hz camera keeping pre-fills due, none starts while asks are queued;
+//! - a camera ask that times out in the queue is not counted as a pre-fill camera ask;
+//! - after `system_prompt` is set over the parameter service, the pre-fill follows it: an ask
+//!   without a system prompt (so with the set one) is served from the pre-fill and answers as
+//!   a cold ask.
 //!
 //! Hits, misses and pre-fills are read from `/diagnostics` counters, never from timings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -148,5 +152,28 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
         "no pre-fill while asks are queued: {}",
         rep["queued_diag"]
     );
+
+    // Timed out in the queue: answered `timeout`, never chosen a frame for.
+    ok("LT", &rep["LT"]);
+    assert_eq!(
+        rep["T"]["response"]["error_code"], "timeout",
+        "{}",
+        rep["T"]
+    );
+    let (before, after) = (&rep["d_before_T"], &rep["d_T"]);
+    for key in ["prefill_camera_asks", "prefill_hits"] {
+        assert_eq!(count(after, key), count(before, key), "{key}: {after}");
+    }
+
+    // A run-time system prompt: the next default ask is a hit, the cold answer.
+    assert_eq!(rep["set"]["successful"], true, "{}", rep["set"]);
+    let (before, after) = (&rep["d_before_set"], &rep["d_P"]);
+    assert_eq!(
+        count(after, "prefill_hits") - count(before, "prefill_hits"),
+        1,
+        "P served from the pre-fill made for the set system prompt: {after}"
+    );
+    check_image_header("P", &rep["P"], "cam_a", stamp(&rep["P"]));
+    same_answer("P", &rep["P"], &rep["cp"]);
     Ok(())
 }

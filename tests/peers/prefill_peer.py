@@ -5,10 +5,14 @@ like node_peer.py (whose Peer it uses). Every ask is greedy. The cold references
 pixels as a request image (never pre-filled), so they are the answers without pre-fill.
 
   hit      scene_a frames on /cam; once a pre-fill is done, h-1 (served from it) and c-a (cold)
-  strict   a long text ask L runs while scene_b frames arrive and X (no age limit) and
-           Y (max_image_age_s 1.0, the pre-filled frame is older) queue behind it; c-b cold
+  strict   a long text ask L runs while scene_b frames arrive (10 Hz until Y is answered, so
+           Y always has a fresh one) and X (no age limit) and Y (max_image_age_s 1.0, the
+           pre-filled frame is older) queue behind it; c-b cold
   miss     S (another system prompt, /cam) and K (/cam2, scene_c), with their cold references
   queued   frames at 10 Hz on /cam; a long text ask and three camera asks queued at once
+  expired  T (on /cam, timeout_s 0.05) times out queued behind a long text ask: no camera ask
+  set      system_prompt set over the parameter service; scene_a frames pre-filled after it,
+           then P (no system_prompt: the set one) is served from the pre-fill; c-p cold
 """
 
 import argparse
@@ -20,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from node_peer import Peer, check, load_rgb, report_and_exit, rgb8, with_header  # noqa: E402
+from param_peer import Params  # noqa: E402
 from session_peer import diag_with_served  # noqa: E402
 
 SYSTEM = 'You are a terse robot.'
@@ -76,15 +81,31 @@ def run(p, a):
         fut.add_done_callback(lambda _f, rid=rid: order.append(rid))
         pending.append((rid, req, fut))
 
+    def camera(topic, msg, stop, stamps):
+        pub = p.publisher(topic)
+        while not stop.is_set():
+            msg.header.stamp = p.node.get_clock().now().to_msg()
+            with p.lock:
+                stamps.append([msg.header.stamp.sec, msg.header.stamp.nanosec])
+            pub.publish(msg)
+            time.sleep(0.1)
+
     send('L', camera='none', max_new_tokens=a.long_tokens, use_default_stop=False)
     diag_until(p, 'L admitted', lambda d: count(d, 'queue_depth') >= 1)
     rep['sent_b'] = p.publish_frames('/cam', with_header(scene['b'], 'cam_b', 0, 0), count=2)
+    # Y needs a frame under 1 s old when it arrives, however long the steps before take.
+    stop_b = threading.Event()
+    t_b = threading.Thread(target=camera, daemon=True, args=(
+        '/cam', with_header(scene['b'], 'cam_b', 0, 0), stop_b, rep['sent_b']))
+    t_b.start()
     send('X', max_new_tokens=a.max_new_tokens)
     diag_until(p, 'X admitted', lambda d: count(d, 'queue_depth') >= 2)
     send('Y', max_new_tokens=a.max_new_tokens, max_image_age_s=1.0)
     for rid, req, fut in pending:
         rep[rid] = p.finish(req, fut)
         served += 1
+    stop_b.set()
+    t_b.join()
     rep['order'] = list(order)
     rep['d_strict'] = diag_with_served(p, served)
     stamp = rep['Y']['response']['image_stamp']
@@ -103,16 +124,8 @@ def run(p, a):
 
     # queued: a camera at 10 Hz keeps pre-fills due; none runs while asks are queued.
     stop = threading.Event()
-    pub = p.publisher('/cam')
-
-    def camera():
-        msg = with_header(scene['a'], 'cam_a', 0, 0)
-        while not stop.is_set():
-            msg.header.stamp = p.node.get_clock().now().to_msg()
-            pub.publish(msg)
-            time.sleep(0.1)
-
-    t = threading.Thread(target=camera, daemon=True)
+    t = threading.Thread(target=camera, daemon=True,
+                         args=('/cam', with_header(scene['a'], 'cam_a', 0, 0), stop, []))
     t.start()
     done = count(p.last_diag(), 'prefills_done')
     diag_until(p, 'pre-fills of the 10 Hz camera', lambda d: count(d, 'prefills_done') >= done + 2)
@@ -138,6 +151,37 @@ def run(p, a):
     rep['queued_diag'] = [
         [count(d, 'requests_served') - base, count(d, 'prefills_done'),
          count(d, 'prefills_stopped')] for d in seen]
+
+    # expired: a camera ask that times out in the queue is no pre-fill camera ask.
+    failed = count(p.last_diag(), 'requests_failed')
+    rep['d_before_T'] = diag_with_served(p, served)
+    pending.clear()
+    order.clear()
+    send('LT', camera='none', max_new_tokens=a.long_tokens, use_default_stop=False)
+    diag_until(p, 'LT admitted', lambda d: count(d, 'queue_depth') >= 1)
+    send('T', max_new_tokens=a.max_new_tokens, timeout_s=0.05)
+    for rid, req, fut in pending:
+        rep[rid] = p.finish(req, fut)
+    served += 1
+    rep['d_T'] = diag_until(p, 'T failed', lambda d: count(d, 'requests_failed') > failed
+                            and count(d, 'requests_served') >= served)
+
+    # set: after a run-time system_prompt, asks without one use it; so must the pre-fill.
+    rep['set'] = Params(p, a.node_name).set('system_prompt', SYSTEM)
+    # Each frame is published once a pre-fill completed after the one before, so the pre-fill
+    # P gets started after the set (one pre-fill runs at a time; all frames show scene_a).
+    rep['sent_p'] = []
+    for _ in range(2):
+        done = count(p.last_diag(), 'prefills_done')
+        rep['sent_p'] += p.publish_frames('/cam', with_header(scene['a'], 'cam_a', 0, 0),
+                                          count=1)
+        diag_until(p, 'a pre-fill after the set',
+                   lambda d, done=done: count(d, 'prefills_done') > done)
+    rep['d_before_set'] = diag_with_served(p, served)
+    rep['P'] = greedy('P')
+    rep['d_P'] = diag_with_served(p, served)
+    stamp = rep['P']['response']['image_stamp']
+    rep['cp'] = cold('c-p', 'a', (stamp['sec'], stamp['nanosec']))
     return rep
 
 
@@ -148,6 +192,7 @@ def main():
     ap.add_argument('--tokens', default='/vlm/tokens')
     ap.add_argument('--answers', default='/vlm/answers')
     ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap.add_argument('--node-name', default='/vlm_node')
     ap.add_argument('--prompt', default='What do you see?')
     ap.add_argument('--max-new-tokens', type=int, default=8)
     ap.add_argument('--long-tokens', type=int, default=600)
