@@ -25,7 +25,6 @@ subscription sees every Token the node sends as feedback.
             stops the node), then waits for its result
 """
 
-import argparse
 import os
 import sys
 import time
@@ -41,7 +40,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Cancel  # noqa: E402
 
-from node_peer import Peer, check, plain, report_and_exit  # noqa: E402
+from node_peer import Peer, peer_arguments, check, plain, report_and_exit  # noqa: E402
 
 
 class ActionPeer(Peer):
@@ -237,14 +236,9 @@ def mode_sigterm(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['protocol', 'expiry', 'sigterm'])
     ap.add_argument('--action', default='/vlm/ask')
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--prompt', default='What do you see?')
     ap.add_argument('--max-new-tokens', type=int, default=12)
     ap.add_argument('--queue-depth', type=int, default=2)

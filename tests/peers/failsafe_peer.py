@@ -18,7 +18,6 @@ its level, message and hardware id (keys `_level`, `_message`, `_hardware_id`).
                 whatever the node's panic plan and model add; diagnostics before and settled
 """
 
-import argparse
 import os
 import sys
 import time
@@ -28,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rclpy  # noqa: E402
 
 from bpu_vlm_msgs.srv import Cancel  # noqa: E402
-from node_peer import Peer, check, report_and_exit  # noqa: E402
+from node_peer import Peer, peer_arguments, check, report_and_exit  # noqa: E402
 
 ERROR = 2
 
@@ -158,13 +157,9 @@ def mode_soak(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['nul', 'panic', 'reopen_fails', 'task_panic', 'hang',
                                      'soak'])
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--prompt2', default='And what colour is it?')
     ap.add_argument('--max-new-tokens', type=int, default=12)

@@ -15,7 +15,6 @@ update that counts it (requests_served) gives images_encoded from the same updat
   r-3  session r, request image scene_a: new pixels, added
 """
 
-import argparse
 import os
 import sys
 
@@ -25,7 +24,8 @@ import cv2  # noqa: E402
 import rclpy  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 
-from node_peer import Peer, check, load_rgb, report_and_exit, rgb8, with_header  # noqa: E402
+from node_peer import (Peer, check, load_rgb, peer_arguments, report_and_exit, rgb8,  # noqa: E402
+                       with_header)
 from session_peer import diag_with_served  # noqa: E402
 
 
@@ -70,12 +70,7 @@ def run(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap = peer_arguments()
     ap.add_argument('--camera', default='/cam')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--prompt2', default='And what colour is it?')

@@ -155,6 +155,19 @@ def exact_jpeg(w, h, seed=3):
     return jpg
 
 
+def peer_arguments():
+    """An argument parser with the node's interface names that `Peer` reads (--ask, --cancel,
+    --tokens, --answers, --status-name) at their root-namespace defaults; each peer adds its
+    own options."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--ask', default='/ask')
+    ap.add_argument('--cancel', default='/vlm/cancel')
+    ap.add_argument('--tokens', default='/vlm/tokens')
+    ap.add_argument('--answers', default='/vlm/answers')
+    ap.add_argument('--status-name', default='/vlm_node: engine')
+    return ap
+
+
 class Peer:
     def __init__(self, args):
         self.args = args
@@ -509,14 +522,9 @@ def mode_sigterm(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm', 'text',
                                      'namespace', 'sim_time'])
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--node-ns', default='/')
     ap.add_argument('--camera', default='/cam')
     ap.add_argument('--compressed-camera', default='/cam_compressed')

@@ -11,7 +11,6 @@ does (the ros2 CLI is not installed here).
   values  every listed parameter's value (the node started from the dumped file)
 """
 
-import argparse
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ from rcl_interfaces.srv import (  # noqa: E402
     DescribeParameters, GetParameters, ListParameters, SetParameters, SetParametersAtomically)
 from rclpy.parameter import parameter_value_to_python  # noqa: E402
 
-from node_peer import Peer, check, report_and_exit  # noqa: E402
+from node_peer import Peer, peer_arguments, check, report_and_exit  # noqa: E402
 
 TYPE_NAMES = {getattr(ParameterType, n): n[len('PARAMETER_'):].lower()
               for n in dir(ParameterType) if n.startswith('PARAMETER_')}
@@ -158,13 +157,8 @@ def mode_values(p, a, ps):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['serve', 'values'])
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--node-name', default='/vlm_node')
     ap.add_argument('--prompt', default='Describe a robot.')
     ap.add_argument('--max-new-tokens', type=int, default=12)

@@ -15,7 +15,6 @@ pixels as a request image (never pre-filled), so they are the answers without pr
            then P (no system_prompt: the set one) is served from the pre-fill; c-p cold
 """
 
-import argparse
 import os
 import sys
 import threading
@@ -23,7 +22,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from node_peer import Peer, check, load_rgb, report_and_exit, rgb8, with_header  # noqa: E402
+from node_peer import (Peer, check, load_rgb, peer_arguments, report_and_exit, rgb8,  # noqa: E402
+                       with_header)
 from param_peer import Params  # noqa: E402
 from session_peer import diag_with_served  # noqa: E402
 
@@ -186,12 +186,7 @@ def run(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap = peer_arguments()
     ap.add_argument('--node-name', default='/vlm_node')
     ap.add_argument('--prompt', default='What do you see?')
     ap.add_argument('--max-new-tokens', type=int, default=8)

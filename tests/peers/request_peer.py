@@ -13,7 +13,6 @@ like node_peer.py (whose Peer it uses).
   all       frames, numbers, limits against one node
 """
 
-import argparse
 import os
 import sys
 import time
@@ -24,7 +23,7 @@ import cv2  # noqa: E402
 import rclpy  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 
-from node_peer import Peer, check, exact_jpeg, image, report_and_exit  # noqa: E402
+from node_peer import Peer, peer_arguments, check, exact_jpeg, image, report_and_exit  # noqa: E402
 
 
 def undecodable_jpeg(jpg):
@@ -168,18 +167,13 @@ def mode_limits(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['frames', 'numbers', 'limits', 'all'])
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
     ap.add_argument('--camera', default='/cam_jpeg')
     ap.add_argument('--compressed-camera', default='/cam_compressed')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--max-new-tokens', type=int, default=8)
     ap.add_argument('--timeout', type=float, default=240.0)
-    ap.add_argument('--status-name', default='/vlm_node: engine')
     a = ap.parse_args()
     rclpy.init()
     p = Peer(a)

@@ -18,7 +18,6 @@ an independent validator (the `jsonschema` package), and the outcome goes into t
   action                     the same through the Ask action: rich, cut, with stop
 """
 
-import argparse
 import json
 import os
 import sys
@@ -34,8 +33,8 @@ from sensor_msgs.msg import CompressedImage  # noqa: E402
 
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Ask  # noqa: E402
-from node_peer import (Peer, check, load_rgb, plain, report_and_exit, rgb8,  # noqa: E402
-                       with_header)
+from node_peer import (Peer, check, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
+                       rgb8, with_header)
 
 # Enums, bounded integers, a bounded array of bounded strings, booleans, a nested object and
 # required keys; no additional properties, so every value ends within a bounded length.
@@ -201,12 +200,7 @@ def run(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
-    ap.add_argument('--status-name', default='/vlm_node: engine')
+    ap = peer_arguments()
     ap.add_argument('--camera', default='/cam')
     ap.add_argument('--action', default='/vlm/ask')
     ap.add_argument('--prompt', default='Describe the scene as JSON.')

@@ -10,7 +10,6 @@ like node_peer.py (whose Peer it uses).
   all         snapshots, then reuse, against one node
 """
 
-import argparse
 import os
 import sys
 import threading
@@ -20,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rclpy  # noqa: E402
 
-from node_peer import Peer, check, plain, report_and_exit  # noqa: E402
+from node_peer import Peer, peer_arguments, check, plain, report_and_exit  # noqa: E402
 
 
 def served(d):
@@ -99,14 +98,9 @@ def mode_reuse(p, a):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = peer_arguments()
     ap.add_argument('mode', choices=['snapshots', 'reuse', 'all'])
-    ap.add_argument('--ask', default='/ask')
-    ap.add_argument('--cancel', default='/vlm/cancel')
-    ap.add_argument('--tokens', default='/vlm/tokens')
-    ap.add_argument('--answers', default='/vlm/answers')
     # node_peer.Peer reads the diagnostics status of this name (the node's full name).
-    ap.add_argument('--status-name', default='/vlm_node: engine')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--count', type=int, default=30)
     ap.add_argument('--timeout', type=float, default=180.0)
