@@ -21,7 +21,7 @@ use common::node_proc::{
     cache_dir, check_image_header, check_stream, domain, ok, peer_env,
     report_with_sigterm_at_first_token, start_demo_node as start_node,
 };
-use common::{peer_report, repo_root, ros_env, spawn_python};
+use common::{repo_root, ros_env, spawn_python};
 
 /// One node test at a time: each runs a node and a peer that together keep 2 cores busy, and
 /// the timing-sensitive checks (queue overlap, idle expiry) should not depend on the others.
@@ -94,23 +94,22 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
         ],
         &env,
     )?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &[
-            "answers",
-            "--max-new-tokens",
-            &MAX_NEW.to_string(),
-            "--prompt",
-            PROMPT,
-            "--prompt2",
-            PROMPT2,
-        ],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &[
+                "answers",
+                "--max-new-tokens",
+                &MAX_NEW.to_string(),
+                "--prompt",
+                PROMPT,
+                "--prompt2",
+                PROMPT2,
+            ],
+            Duration::from_secs(300),
+        )
+        .await?;
     assert!(
         log.contains("EMBEDDED TINY RANDOM MODEL"),
         "the node must say it runs the toy model"
@@ -272,15 +271,14 @@ async fn node_queue_cancel_timeout_and_readiness() -> anyhow::Result<()> {
         &[("queue_depth", "2"), ("diagnostics_period_s", "0.1")],
         &slow,
     )?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &["queue", "--queue-depth", "2", "--extra", "2"],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(240)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success());
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &["queue", "--queue-depth", "2", "--extra", "2"],
+            Duration::from_secs(240),
+        )
+        .await?;
     assert_eq!(
         rep["saw_loading_without_ask"], true,
         "/ask must appear only once warm"
@@ -330,15 +328,14 @@ async fn node_soak_returns_to_baseline() -> anyhow::Result<()> {
         ],
         &[],
     )?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &["soak", "--count", "200", "--diag-period", "0.2"],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(400)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success());
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &["soak", "--count", "200", "--diag-period", "0.2"],
+            Duration::from_secs(400),
+        )
+        .await?;
     let results = rep["results"].as_array().unwrap();
     assert_eq!(results.len(), 200);
     for (i, r) in results.iter().enumerate() {
@@ -402,21 +399,20 @@ async fn node_runs_hf_weights_on_the_cpu_backend() -> anyhow::Result<()> {
         &[("backend", "cpu"), ("model_dir", hf_arg.as_str())],
         &[],
     )?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &[
-            "text",
-            "--max-new-tokens",
-            &MAX_NEW.to_string(),
-            "--prompt",
-            PROMPT,
-        ],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(120)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success());
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &[
+                "text",
+                "--max-new-tokens",
+                &MAX_NEW.to_string(),
+                "--prompt",
+                PROMPT,
+            ],
+            Duration::from_secs(120),
+        )
+        .await?;
     assert!(
         log.contains(" on cpu, service"),
         "the node must say which backend runs"

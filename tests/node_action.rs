@@ -17,7 +17,7 @@ use serde_json::Value;
 use common::node_proc::{
     check_stream, domain, ok, peer_env, report_with_sigterm_at_first_token, start_demo_node,
 };
-use common::{peer_report, ros_env, spawn_python};
+use common::{ros_env, spawn_python};
 
 // action_msgs/GoalStatus values.
 const SUCCEEDED: u64 = 4;
@@ -77,15 +77,14 @@ async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Res
         &[("queue_depth", "2"), ("diagnostics_period_s", "0.1")],
         &slow,
     )?;
-    let peer = spawn_python(
-        "tests/peers/action_peer.py",
-        &["protocol", "--queue-depth", "2"],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/action_peer.py",
+            &["protocol", "--queue-depth", "2"],
+            Duration::from_secs(300),
+        )
+        .await?;
 
     let g = &rep["greedy"];
     goal("greedy", g, SUCCEEDED);
@@ -155,15 +154,14 @@ async fn action_status_stays_bounded_as_finished_goals_expire() -> anyhow::Resul
     let d = domain();
     let count: u64 = 150;
     let node = start_demo_node(&d, &[("action_result_timeout_s", "3.0")], &[])?;
-    let peer = spawn_python(
-        "tests/peers/action_peer.py",
-        &["expiry", "--count", &count.to_string(), "--timeout", "280"],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/action_peer.py",
+            &["expiry", "--count", &count.to_string(), "--timeout", "280"],
+            Duration::from_secs(300),
+        )
+        .await?;
     // A result fetched within the result timeout of the goal's end.
     assert_eq!(
         rep["statuses"][SUCCEEDED.to_string()],

@@ -16,7 +16,7 @@ use common::node_proc::{
     check_image_header, domain, ok, peer_env, start_demo_node as start_node,
     start_demo_node_with as start_node_with,
 };
-use common::{peer_report, repo_root, ros_env, spawn_python};
+use common::{repo_root, ros_env};
 
 /// One node at a time: a node and its peer keep the 2 cores busy.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -34,33 +34,32 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
     // Default (relative) names: only the namespace moves them.
     let node = start_node_with(&d, &["-r", "__ns:=/robot1"], &[], &env)?;
     let max_new = MAX_NEW.to_string();
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &[
-            "namespace",
-            "--max-new-tokens",
-            &max_new,
-            "--ask",
-            "/robot1/ask",
-            "--cancel",
-            "/robot1/vlm/cancel",
-            "--tokens",
-            "/robot1/vlm/tokens",
-            "--answers",
-            "/robot1/vlm/answers",
-            "--camera",
-            "/robot1/image_raw",
-            "--status-name",
-            "/robot1/vlm_node: engine",
-            "--node-ns",
-            "/robot1",
-        ],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(180)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &[
+                "namespace",
+                "--max-new-tokens",
+                &max_new,
+                "--ask",
+                "/robot1/ask",
+                "--cancel",
+                "/robot1/vlm/cancel",
+                "--tokens",
+                "/robot1/vlm/tokens",
+                "--answers",
+                "/robot1/vlm/answers",
+                "--camera",
+                "/robot1/image_raw",
+                "--status-name",
+                "/robot1/vlm_node: engine",
+                "--node-ns",
+                "/robot1",
+            ],
+            Duration::from_secs(180),
+        )
+        .await?;
 
     // Tokens and the Answer arrived under /robot1/vlm/ (ok checks both), from the camera on
     // /robot1/image_raw, whichever way the request names it.
@@ -233,15 +232,14 @@ async fn node_without_model_dir_needs_demo_model() -> anyhow::Result<()> {
     assert!(!log.contains("EMBEDDED TINY RANDOM MODEL"), "{log}");
 
     let node = start_node(&d, &[("demo_model", "true")], &[])?;
-    let peer = spawn_python(
-        "tests/peers/node_peer.py",
-        &["text", "--max-new-tokens", "4", "--prompt", PROMPT],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(120)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &["text", "--max-new-tokens", "4", "--prompt", PROMPT],
+            Duration::from_secs(120),
+        )
+        .await?;
     assert!(log.contains("EMBEDDED TINY RANDOM MODEL"), "{log}");
     ok("demo_model", &rep["text"]);
     Ok(())

@@ -130,23 +130,22 @@ async fn node_answers_model_output_with_nul_characters() -> anyhow::Result<()> {
         &[],
     )?;
     let max_new = MAX_NEW.to_string();
-    let peer = spawn_python(
-        "tests/peers/failsafe_peer.py",
-        &[
-            "nul",
-            "--max-new-tokens",
-            &max_new,
-            "--prompt",
-            PROMPT,
-            "--prompt2",
-            PROMPT2,
-        ],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(180)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/failsafe_peer.py",
+            &[
+                "nul",
+                "--max-new-tokens",
+                &max_new,
+                "--prompt",
+                PROMPT,
+                "--prompt2",
+                PROMPT2,
+            ],
+            Duration::from_secs(180),
+        )
+        .await?;
     assert!(!log.contains("panicked"), "{log}");
 
     for (case, w) in ["first", "second"].iter().zip(&want) {
@@ -178,15 +177,14 @@ async fn contained_panic(plan: &str) -> anyhow::Result<(Value, String)> {
     let env = [("VLM_NODE_TEST_PANIC", plan.to_owned())];
     let node = start_node(&d, &demo_params(), &env)?;
     let max_new = MAX_NEW.to_string();
-    let peer = spawn_python(
-        "tests/peers/failsafe_peer.py",
-        &["panic", "--max-new-tokens", &max_new, "--prompt", PROMPT],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(180)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/failsafe_peer.py",
+            &["panic", "--max-new-tokens", &max_new, "--prompt", PROMPT],
+            Duration::from_secs(180),
+        )
+        .await?;
 
     let message = backend_error("panicking ask", &rep["failed"]);
     assert!(
@@ -443,25 +441,24 @@ async fn node_soak_mixes_every_survivable_failure_and_returns_to_baseline() -> a
         ],
         &env,
     )?;
-    let peer = spawn_python(
-        "tests/peers/failsafe_peer.py",
-        &[
-            "soak",
-            "--count",
-            "200",
-            "--max-new-tokens",
-            "4",
-            "--max-prompt-bytes",
-            "1024",
-            "--timeout",
-            "500",
-        ],
-        &peer_env(&d),
-    )?;
-    let rep = peer_report(peer, Duration::from_secs(560)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/failsafe_peer.py",
+            &[
+                "soak",
+                "--count",
+                "200",
+                "--max-new-tokens",
+                "4",
+                "--max-prompt-bytes",
+                "1024",
+                "--timeout",
+                "500",
+            ],
+            Duration::from_secs(560),
+        )
+        .await?;
     assert!(log.contains("test panic at serve"), "the serve panic ran");
 
     let results = rep["results"].as_array().unwrap();

@@ -23,7 +23,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::node_proc::{check_image_header, domain, ok, peer_env, start_demo_node};
-use common::{peer_report, ros_env, spawn_python};
+use common::ros_env;
 
 fn count(d: &Value, key: &str) -> u64 {
     d[key]
@@ -71,11 +71,14 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
         ],
         &env,
     )?;
-    let peer = spawn_python("tests/peers/prefill_peer.py", &[], &peer_env(&d))?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, _log) = node.stop().await?;
-    let rep = rep?;
-    assert!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/prefill_peer.py",
+            &[],
+            Duration::from_secs(300),
+        )
+        .await?;
 
     // Served from the pre-fill: the cold answer on the same pixels, the frame's own header.
     let h1 = &rep["h1"];

@@ -10,11 +10,10 @@ mod common;
 
 use std::time::Duration;
 
-use anyhow::ensure;
 use serde_json::Value;
 
-use common::node_proc::{domain, peer_env, start_demo_node};
-use common::{peer_report, ros_env, spawn_python};
+use common::node_proc::{domain, start_demo_node};
+use common::ros_env;
 
 /// Runs `vlm_node` and the peer in `mode`; returns the peer's report and the node's log after
 /// a clean SIGTERM stop.
@@ -30,11 +29,14 @@ async fn run(mode: &str) -> anyhow::Result<(Value, String)> {
         ],
         &[],
     )?;
-    let peer = spawn_python("tests/peers/request_peer.py", &[mode], &peer_env(&d))?;
-    let rep = peer_report(peer, Duration::from_secs(300)).await;
-    let (exit, log) = node.stop().await?;
-    let rep = rep?;
-    ensure!(exit.success(), "vlm_node exit status {exit}");
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/request_peer.py",
+            &[mode],
+            Duration::from_secs(300),
+        )
+        .await?;
     Ok((rep, log))
 }
 
