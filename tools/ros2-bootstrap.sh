@@ -155,7 +155,7 @@ if [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
   # msg/ does not touch: drop them (r2r_msg_gen's C bindings and r2r's Rust types, each
   # cached in its own build output) so the next cargo build sees the new fields.
   for _profile in debug release; do
-    if [ -d "$ROOT/target/$_profile/build" ] && command -v cargo >/dev/null; then
+    if [ -d "${CARGO_TARGET_DIR:-$ROOT/target}/$_profile/build" ] && command -v cargo >/dev/null; then
       (cd "$ROOT" && cargo clean -q -p r2r_msg_gen -p r2r --profile "$( [ $_profile = debug ] && echo dev || echo release)") ||
         log "warning: could not drop r2r's cached bindings ($_profile); run cargo clean -p r2r_msg_gen -p r2r"
     fi
