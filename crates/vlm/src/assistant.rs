@@ -541,27 +541,7 @@ impl Assistant {
         self.resident = Resident::Unknown;
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         let seed = sampler.seed();
-        let qwen = *self.template.dialect() == Dialect::Qwen35;
-        let structured = turn.json_schema.is_some();
-        let stream = StreamConfig {
-            eos: if turn.use_default_stop {
-                self.eos.clone()
-            } else {
-                Vec::new()
-            },
-            stop: turn.stop.clone(),
-            max_new_tokens: turn.max_new_tokens,
-            deadline: turn.deadline,
-            cancel: turn.cancel.clone(),
-            think_split: qwen,
-            starts_in_think: prompt.starts_in_think,
-            tool_calls: !structured && (qwen || !turn.tools.is_empty()),
-            tools: turn.tools.clone(),
-            verbatim_answer: structured,
-            think_end: self.template.markers().think_end,
-            prompt_tokens: 0,
-            started: turn.started,
-        };
+        let stream = self.stream_config(turn, prompt.starts_in_think);
         self.images_encoded += new.images.len() as u64;
         let mut gen = match &turn.json_schema {
             Some(schema) => {
@@ -622,5 +602,30 @@ impl Assistant {
             .info()
             .vision
             .map(|v| ImageSlot::square(v.geometry.merged_side() as u32))
+    }
+
+    /// The stream settings [`Assistant::ask`] and the pre-filled answer use for `turn`.
+    fn stream_config(&self, turn: &Turn, starts_in_think: bool) -> StreamConfig {
+        let qwen = *self.template.dialect() == Dialect::Qwen35;
+        let structured = turn.json_schema.is_some();
+        StreamConfig {
+            eos: if turn.use_default_stop {
+                self.eos.clone()
+            } else {
+                Vec::new()
+            },
+            stop: turn.stop.clone(),
+            max_new_tokens: turn.max_new_tokens,
+            deadline: turn.deadline,
+            cancel: turn.cancel.clone(),
+            think_split: qwen,
+            starts_in_think,
+            tool_calls: !structured && (qwen || !turn.tools.is_empty()),
+            tools: turn.tools.clone(),
+            verbatim_answer: structured,
+            think_end: self.template.markers().think_end,
+            prompt_tokens: 0,
+            started: turn.started,
+        }
     }
 }

@@ -17,7 +17,7 @@ use super::{Assistant, AssistantError, Conversation, Reply, Resident, Turn};
 use crate::chat::{Pos3, Prompt, Segment, SystemOptions, UserTurn};
 use crate::engine::{Backend, DecodeOptions, EngineError, ImageInput, StateBlob};
 use crate::sampler::Sampler;
-use crate::stream::{Event, FinishReason, StreamConfig};
+use crate::stream::{Event, FinishReason};
 
 static NEXT_PREFILL: AtomicU64 = AtomicU64::new(1);
 
@@ -342,31 +342,6 @@ impl Assistant {
                 .into())
             }
             _ => Ok(()),
-        }
-    }
-
-    /// The stream settings [`Assistant::ask`] uses for `turn`.
-    fn stream_config(&self, turn: &Turn, starts_in_think: bool) -> StreamConfig {
-        let qwen = *self.template.dialect() == crate::package::Dialect::Qwen35;
-        let structured = turn.json_schema.is_some();
-        StreamConfig {
-            eos: if turn.use_default_stop {
-                self.eos.clone()
-            } else {
-                Vec::new()
-            },
-            stop: turn.stop.clone(),
-            max_new_tokens: turn.max_new_tokens,
-            deadline: turn.deadline,
-            cancel: turn.cancel.clone(),
-            think_split: qwen,
-            starts_in_think,
-            tool_calls: !structured && (qwen || !turn.tools.is_empty()),
-            tools: turn.tools.clone(),
-            verbatim_answer: structured,
-            think_end: self.template.markers().think_end,
-            prompt_tokens: 0,
-            started: turn.started,
         }
     }
 }
