@@ -298,7 +298,11 @@ impl Backend for BpuBackend {
     }
 
     fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
-        self.save_state()
+        self.save_state(None)
+    }
+
+    fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
+        self.save_state(Some(spare))
     }
 
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {

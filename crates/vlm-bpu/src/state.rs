@@ -87,14 +87,23 @@ impl BpuBackend {
         Ok(())
     }
 
-    pub(crate) fn save_state(&mut self) -> Result<StateBlob, EngineError> {
+    pub(crate) fn save_state(
+        &mut self,
+        spare: Option<StateBlob>,
+    ) -> Result<StateBlob, EngineError> {
         self.materialise_image();
+        // Only the occupied bytes are saved, so only they need the device's view: the cost
+        // follows the conversation, not the window size.
+        let (consumed, context) = (self.consumed, self.shape.context);
         let set = &mut self.sets[self.phase];
-        for buf in set.iter_mut() {
-            buf.invalidate().map_err(|e| device("INVALIDATE", e))?;
+        for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
+            let r = layout.occupied(consumed, context);
+            buf.invalidate_range(r.start, r.len())
+                .map_err(|e| device("INVALIDATE", e))?;
         }
         let caches: Vec<&[u8]> = set.iter().map(DeviceBuffer::as_bytes).collect();
-        let blob = StateBlob::build(
+        let blob = StateBlob::build_reusing(
+            spare,
             &self.state_shape,
             self.consumed,
             self.max_pos,
@@ -119,12 +128,10 @@ impl BpuBackend {
                 ),
             });
         }
-        let set = &mut self.sets[self.phase];
-        for (buf, (range, data)) in set.iter_mut().zip(&view.caches) {
-            let bytes = buf.as_mut_bytes();
-            bytes.fill(0);
-            bytes[range.clone()].copy_from_slice(data);
-            buf.clean().map_err(|e| device("CLEAN", e))?;
+        if let Err(e) = self.write_caches(&view.caches) {
+            // A half-written set holds no state we can name: leave an empty one.
+            self.clear_state()?;
+            return Err(e);
         }
         self.consumed = view.consumed;
         self.max_pos = view.max_pos;
@@ -140,6 +147,30 @@ impl BpuBackend {
             consumed = view.consumed,
             "BPU state restored"
         );
+        Ok(())
+    }
+
+    /// Writes a blob's occupied cache bytes into the current set. A window row outside the
+    /// occupied range is zero in a live set (it starts zeroed and the graph only shifts rows
+    /// in from the right), so of the rest only the rows the current state occupies and the
+    /// new one does not are zeroed; the whole window is neither written nor cleaned.
+    fn write_caches(
+        &mut self,
+        caches: &[(std::ops::Range<usize>, &[u8])],
+    ) -> Result<(), EngineError> {
+        let (before, context) = (self.consumed, self.shape.context);
+        let set = &mut self.sets[self.phase];
+        for ((buf, layout), (range, data)) in
+            set.iter_mut().zip(&self.state_shape.caches).zip(caches)
+        {
+            let old = layout.occupied(before, context);
+            let touched = old.start.min(range.start)..range.end.max(old.end);
+            let bytes = buf.as_mut_bytes();
+            bytes[touched.start..range.start].fill(0);
+            bytes[range.clone()].copy_from_slice(data);
+            buf.clean_range(touched.start, touched.len())
+                .map_err(|e| device("CLEAN", e))?;
+        }
         Ok(())
     }
 }

@@ -228,8 +228,8 @@ pub fn snapshot_restore_continue_equals_an_uninterrupted_run<F: BackendFactory>(
     );
 }
 
-/// A state parked after a prompt, then restored over other work, continues exactly as the
-/// uninterrupted run; a blob from another window size is refused.
+/// A state parked after a prompt, then restored over other work (shorter or longer),
+/// continues exactly as the uninterrupted run; a blob from another window size is refused.
 pub fn a_parked_state_restored_after_other_work_continues_unchanged<F: BackendFactory>(f: &F) {
     let mut b = f.open(Spec::new("tiny-sym", 64, 32));
     let k = golden_case("tiny-sym", "text_32");
@@ -245,6 +245,20 @@ pub fn a_parked_state_restored_after_other_work_continues_unchanged<F: BackendFa
     assert_eq!(b.max_pos(), Some(k.ids.len() as u32 - 1));
     let resumed = continue_greedy(&mut b, 8);
     assert_eq!(straight, resumed);
+    // A short state restored over a longer one (the backend may write only what either
+    // occupies): nothing of the longer one shows, now or as the window fills on.
+    let short = {
+        b.reset().unwrap();
+        feed_text(&mut b, &k.ids[..5]);
+        b.snapshot().unwrap()
+    };
+    let short_straight = continue_greedy(&mut b, 12);
+    let short_after = b.snapshot().unwrap();
+    b.restore(&blob).unwrap();
+    continue_greedy(&mut b, 4);
+    b.restore(&short).unwrap();
+    assert_eq!(continue_greedy(&mut b, 12), short_straight);
+    assert_eq!(b.snapshot().unwrap(), short_after);
     // A blob from another window size is refused.
     let mut other = f.open(Spec::new("tiny-sym", 48, 32));
     assert!(matches!(

@@ -285,6 +285,8 @@ pub struct Assistant {
     prefix: prefix_cache::PrefixCache,
     /// A latest-frame pre-fill stopped between graph calls ([`Assistant::resume_prefill`]).
     partial: Option<prefill::Partial>,
+    /// The memory of the last parked pre-fill state, for the next park (an ask waits for it).
+    spare_state: Option<StateBlob>,
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
@@ -398,6 +400,7 @@ impl Assistant {
             info,
             prefix: prefix_cache::PrefixCache::new(usize::MAX),
             partial: None,
+            spare_state: None,
             resident: Resident::Unknown,
             snapshots: 0,
             images_encoded: 0,

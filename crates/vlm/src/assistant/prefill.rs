@@ -129,7 +129,9 @@ impl Assistant {
         let text = self.template.system_text(system)?;
         // A new pre-fill supersedes a stopped one: whatever stops this one, the stopped state
         // left behind is never another image's.
-        self.partial = None;
+        if let Some(parked) = self.partial.take().and_then(|p| p.parked) {
+            self.spare_state = Some(parked);
+        }
         let Some(base) = self.load_prefix(system, interrupt)? else {
             return Ok(PrefillOutcome::Stopped);
         };
@@ -192,7 +194,11 @@ impl Assistant {
             return Ok(());
         };
         if p.parked.is_none() && self.resident == Resident::Prefill(p.id) {
-            p.parked = Some(self.engine.backend_mut().snapshot()?);
+            let backend = self.engine.backend_mut();
+            p.parked = Some(match self.spare_state.take() {
+                Some(spare) => backend.snapshot_reusing(spare)?,
+                None => backend.snapshot()?,
+            });
             self.snapshots += 1;
         }
         Ok(())
@@ -214,7 +220,9 @@ impl Assistant {
             self.engine.backend_mut().restore(parked)?;
         }
         // The state moves on from where it was parked.
-        p.parked = None;
+        if let Some(parked) = p.parked.take() {
+            self.spare_state = Some(parked);
+        }
         self.resident = Resident::Unknown;
         let h = self.info.hidden;
         let backend = self.engine.backend_mut();

@@ -73,6 +73,12 @@ pub trait Backend {
     /// The whole decode state (caches, `P`, `maxPos`, last logits) in the contract's format.
     fn snapshot(&mut self) -> Result<StateBlob, EngineError>;
 
+    /// [`Backend::snapshot`] into the memory of `spare`, a snapshot the caller no longer needs.
+    fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
+        drop(spare);
+        self.snapshot()
+    }
+
     /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
 
@@ -154,6 +160,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn snapshot(&mut self) -> Result<StateBlob, EngineError> {
         (**self).snapshot()
+    }
+    fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
+        (**self).snapshot_reusing(spare)
     }
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         (**self).restore(blob)

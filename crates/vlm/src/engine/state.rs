@@ -75,6 +75,20 @@ impl StateBlob {
         caches: &[&[u8]],
         logits: &[u8],
     ) -> Result<Self, EngineError> {
+        Self::build_reusing(None, shape, consumed, max_pos, caches, logits)
+    }
+
+    /// [`StateBlob::build`] into the allocation of `spare`, a snapshot no longer needed: a
+    /// fresh one of some 60 MB is paid in page faults, on an ask's path when a stopped
+    /// pre-fill is parked.
+    pub fn build_reusing(
+        spare: Option<StateBlob>,
+        shape: &StateShape,
+        consumed: usize,
+        max_pos: Option<u32>,
+        caches: &[&[u8]],
+        logits: &[u8],
+    ) -> Result<Self, EngineError> {
         if caches.len() != shape.caches.len() || logits.len() != shape.logit_bytes {
             return Err(EngineError::State {
                 reason: format!(
@@ -99,7 +113,15 @@ impl StateBlob {
             word(shape.context, "CL")?,
             max_pos,
         ];
-        let mut bytes = Vec::new();
+        let payload: usize = shape
+            .caches
+            .iter()
+            .map(|c| c.occupied(consumed, shape.context).len())
+            .sum();
+        // One allocation at most: growing a 60 MB snapshot by doubling copies it twice over.
+        let mut bytes = spare.map(Self::into_bytes).unwrap_or_default();
+        bytes.clear();
+        bytes.reserve((header.len() + shape.caches.len()) * 4 + payload + logits.len());
         for w in header {
             bytes.extend_from_slice(&w.to_le_bytes());
         }
