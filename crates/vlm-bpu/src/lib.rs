@@ -281,6 +281,10 @@ impl Backend for BpuBackend {
         self.step_rows(rows, positions, interrupt)
     }
 
+    fn pads_tail(&self, rows: usize) -> bool {
+        self.pad_tail_layout(rows).is_some()
+    }
+
     fn consumed(&self) -> usize {
         self.consumed
     }

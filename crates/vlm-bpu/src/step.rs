@@ -109,7 +109,7 @@ impl BpuBackend {
     /// padding decided ([`crate::tail::TailDecision`]), `prefill_min_tail <= t < N`, and `N`
     /// free slots (the graph shifts every window by `N` before the host takes the pad rows
     /// back out).
-    fn pad_tail_layout(&self, t: usize) -> Option<PadLayout> {
+    pub(crate) fn pad_tail_layout(&self, t: usize) -> Option<PadLayout> {
         let n = self.info.prefill_chunk;
         let min = self.tail.min_tail?;
         let fits = t >= min && t < n && self.context_left() >= n;

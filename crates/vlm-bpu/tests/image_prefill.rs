@@ -1,8 +1,9 @@
 //! Latest-frame pre-fill and the system-prefix LRU on a sim package of the tiny-4b fixture
 //! (vision on): a greedy answer from a pre-filled image equals the cold answer on the same
 //! image, prompt_tokens included, also when the pre-fill was stopped at a graph-call boundary
-//! and continued, directly or from its parked state after another turn; a turn with another system block does not fit it; each of two alternating
-//! system prompts is prefilled once; a pre-fill's tasks go at the priority it is given, the
+//! and continued, directly or from its parked state after another turn, and when the head's
+//! short last chunk waits for the question (padded tails); a turn with another system block
+//! does not fit it; each of two alternating system prompts is prefilled once; a pre-fill's tasks go at the priority it is given, the
 //! ask's at theirs. Graph runs and submits per priority are counted by the simulator.
 #![allow(clippy::unwrap_used)]
 
@@ -11,7 +12,7 @@ use vlm::chat::SystemOptions;
 use vlm::engine::ImageInput;
 use vlm::stream::Completion;
 use vlm::vision::RgbImage;
-use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
+use vlm_bpu::{open_assistant, BpuOptions, ModelSource, OpenOptions, PrefillTail};
 
 const MAX_NEW: usize = 8;
 
@@ -20,6 +21,27 @@ fn open() -> (tempfile::TempDir, Assistant) {
     let pkg = dir.path().join("pkg");
     vlm_testkit::sim_package("tiny-4b", &pkg, |o| o.cache_len = 512);
     let a = open_assistant(&ModelSource::Package(pkg), &OpenOptions::default()).unwrap();
+    (dir, a)
+}
+
+/// The tiny-4b package with padded tails (4..N rows, the sim's pads-last layout).
+fn open_padded() -> (tempfile::TempDir, Assistant) {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("pkg");
+    vlm_testkit::sim_package("tiny-4b", &pkg, |o| {
+        o.cache_len = 512;
+        o.prefill_pads = true;
+        o.prefill_min_tail = Some(4);
+    });
+    let opts = OpenOptions {
+        bpu: BpuOptions {
+            prefill_tail: PrefillTail::PadsLast,
+            cache_dir: Some(dir.path().join("cache")),
+            ..BpuOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let a = open_assistant(&ModelSource::Package(pkg), &opts).unwrap();
     (dir, a)
 }
 
@@ -87,6 +109,38 @@ fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
     // The pre-fill serves again (a snapshot is restored, not consumed).
     let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(again.tokens, want.tokens);
+}
+
+#[test]
+fn with_padded_tails_the_short_rest_of_the_image_goes_with_the_question() {
+    let (_d, mut a) = open_padded();
+    let img = image(5);
+    let q = turn("What do you see?", None);
+    let want = cold(&mut a, &img, &q);
+    let before = runs();
+    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    let prefill_runs = runs() - before;
+    let before = runs();
+    let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    let ask_runs = runs() - before;
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.text, want.text);
+    assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
+    // 17 system rows, then a 105-row head (user header, image, vision end) in 32-row chunks:
+    // the tower and 3 whole chunks; the last 9 rows go in front of the question, whose chunk
+    // is padded anyway (one run), then a decode step per token after the first.
+    assert_eq!(p.rows(), 17 + 105);
+    assert_eq!(
+        prefill_runs,
+        1 + 3,
+        "no padded chunk for the head's last 9 rows"
+    );
+    assert_eq!(ask_runs, 1 + got.tokens.len() as u64 - 1);
+    let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    assert_eq!(
+        again.tokens, want.tokens,
+        "the lead is kept with the snapshot"
+    );
 }
 
 #[test]

@@ -10,12 +10,18 @@
 //! boundary where the front end's `interrupt` is asked; a pre-fill stopped there keeps its rows
 //! and the state fed so far, and [`Assistant::resume_prefill`] continues it as long as nothing
 //! else has used the backend meanwhile.
+//!
+//! A head whose last chunk would be short (at most half a chunk) is fed only up to its last
+//! whole chunk: the short rest is kept as a [`Lead`] and goes in front of the question, in the
+//! question's own padded chunk. A padded chunk costs a whole graph call whatever it holds, so
+//! a short question pays nothing more and the pre-fill one graph call less (fresher frames,
+//! less BPU time); a question whose rows and the lead's pass a chunk pays one more.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{Assistant, AssistantError, Conversation, Reply, Resident, Turn};
 use crate::chat::{Pos3, Prompt, Segment, SystemOptions, UserTurn};
-use crate::engine::{Backend, DecodeOptions, EngineError, ImageInput, StateBlob};
+use crate::engine::{Backend, EngineError, ImageInput, Lead, StateBlob};
 use crate::sampler::Sampler;
 use crate::stream::{Event, FinishReason};
 
@@ -30,14 +36,18 @@ pub struct ImagePrefill {
     /// The system block's text ([`crate::chat::ChatTemplate::system_text`]).
     system: String,
     state: StateBlob,
-    /// Rows in the state (system block, user header, image block).
+    /// Rows of the turn (system block, user header, image block), the lead's included.
     rows: usize,
+    /// The head's rows not in the state (`[n, hidden]`) and their positions: fed in front of
+    /// the question.
+    lead_rows: Vec<f32>,
+    lead_positions: Vec<Pos3>,
 }
 
 impl ImagePrefill {
     /// Bytes held by the snapshot.
     pub fn size_bytes(&self) -> usize {
-        self.state.size_bytes()
+        self.state.size_bytes() + std::mem::size_of_val(self.lead_rows.as_slice())
     }
 
     /// Rows the state holds.
@@ -56,6 +66,8 @@ pub(super) struct Partial {
     positions: Vec<Pos3>,
     /// Rows of `rows` already fed.
     fed: usize,
+    /// Rows of `rows` the pre-fill feeds; the rest is the lead.
+    end: usize,
     /// Rows in the state before `rows` (the system block).
     base: usize,
     /// The state where it stopped, kept ([`Assistant::park_prefill`]) before another turn
@@ -102,6 +114,21 @@ fn split_after_image(prompt: Prompt) -> Result<(Prompt, Prompt), AssistantError>
     ))
 }
 
+/// How many of a head's `n` rows a pre-fill feeds with `chunk`-row graph calls and padded
+/// tails (0: no padded tail): all, but a last short chunk of at most half a chunk (the lead,
+/// see the module docs).
+fn fed_rows(n: usize, chunk: usize) -> usize {
+    let whole = match chunk {
+        0 => return n,
+        c => n / c * c,
+    };
+    if whole > 0 && n - whole <= chunk / 2 {
+        whole
+    } else {
+        n
+    }
+}
+
 impl Assistant {
     /// The turn `text` with one image slot, split where a pre-fill stops.
     fn split_turn(&self, text: &str, thinking: bool) -> Result<(Prompt, Prompt), AssistantError> {
@@ -142,6 +169,11 @@ impl Assistant {
         self.resident = Resident::Unknown;
         let (rows, positions) = self.engine.turn_rows(&head, std::slice::from_ref(image))?;
         let id = NEXT_PREFILL.fetch_add(1, Ordering::Relaxed);
+        let backend = self.engine.backend();
+        let chunk = backend.info().prefill_chunk;
+        // The lead only pays where the question's tail goes as a padded chunk.
+        let padded = chunk >= 2 && backend.pads_tail(chunk / 2);
+        let end = fed_rows(positions.len(), if padded { chunk } else { 0 });
         // The tower left the state alone: it is the pre-fill's start (the system block).
         self.resident = Resident::Prefill(id);
         self.partial = Some(Partial {
@@ -150,6 +182,7 @@ impl Assistant {
             rows,
             positions,
             fed: 0,
+            end,
             base,
             parked: None,
         });
@@ -227,10 +260,10 @@ impl Assistant {
         let h = self.info.hidden;
         let backend = self.engine.backend_mut();
         let before = backend.consumed();
-        let done = p.fed >= p.positions.len()
+        let done = p.fed >= p.end
             || backend.step_interruptible(
-                &p.rows[p.fed * h..],
-                &p.positions[p.fed..],
+                &p.rows[p.fed * h..p.end * h],
+                &p.positions[p.fed..p.end],
                 interrupt,
             )?;
         if !done {
@@ -242,13 +275,16 @@ impl Assistant {
         let state = backend.snapshot()?;
         self.snapshots += 1;
         let rows = p.base + p.positions.len();
-        tracing::debug!(rows, bytes = state.size_bytes(), "image pre-filled");
+        let lead = p.positions.len() - p.end;
+        tracing::debug!(rows, lead, bytes = state.size_bytes(), "image pre-filled");
         self.resident = Resident::Prefill(p.id);
         Ok(PrefillOutcome::Done(ImagePrefill {
             id: p.id,
             system: p.system,
             state,
             rows,
+            lead_rows: p.rows.split_off(p.end * h),
+            lead_positions: p.positions.split_off(p.end),
         }))
     }
 
@@ -287,27 +323,21 @@ impl Assistant {
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
-        let mut gen = match &turn.json_schema {
-            Some(schema) => {
-                let mut constraint = schema.constraint(&stream.eos);
-                self.engine.generate_constrained(
-                    &prompt,
-                    &[],
-                    &mut sampler,
-                    &mut constraint,
-                    stream,
-                    on_event,
-                )?
-            }
-            None => self.engine.generate(
-                &prompt,
-                &[],
-                &mut sampler,
-                stream,
-                DecodeOptions::default(),
-                on_event,
-            )?,
+        let lead = Lead {
+            rows: &prefill.lead_rows,
+            positions: &prefill.lead_positions,
         };
+        let mut constraint = turn.json_schema.as_ref().map(|s| s.constraint(&stream.eos));
+        let mut gen = self.engine.generate_after(
+            lead,
+            &prompt,
+            &mut sampler,
+            constraint
+                .as_mut()
+                .map(|c| c as &mut dyn crate::sampler::TokenConstraint),
+            stream,
+            on_event,
+        )?;
         gen.completion.timings.prompt_tokens += prefill.rows;
         let finished = matches!(
             gen.completion.finish_reason,
@@ -383,5 +413,22 @@ mod tests {
             starts_in_think: false,
         };
         assert!(split_after_image(text_only).is_err());
+    }
+
+    #[test]
+    fn a_short_last_chunk_is_left_to_the_question() {
+        assert_eq!(
+            fed_rows(105, 32),
+            96,
+            "9 rows left for the question's chunk"
+        );
+        assert_eq!(fed_rows(96, 32), 96, "whole chunks only: nothing left");
+        assert_eq!(
+            fed_rows(120, 32),
+            120,
+            "24 rows: longer than half a chunk, fed"
+        );
+        assert_eq!(fed_rows(20, 32), 20, "less than one chunk: fed");
+        assert_eq!(fed_rows(105, 0), 105, "no padded tail: all fed");
     }
 }

@@ -96,6 +96,13 @@ pub trait Backend {
         self.max_pos().map_or(0, |m| m + 1)
     }
 
+    /// Whether a tail of `rows` rows (fewer than a chunk) would go as one padded prefill
+    /// chunk rather than row by row (the BPU's padded tail); the provided ingest never pads.
+    fn pads_tail(&self, rows: usize) -> bool {
+        let _ = rows;
+        false
+    }
+
     /// Feeds rows with their positions (the contract's `feed_embeds`) and returns the logits
     /// of the last row.
     fn step(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<&[f32], EngineError> {
@@ -175,6 +182,9 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn next_position(&self) -> u32 {
         (**self).next_position()
+    }
+    fn pads_tail(&self, rows: usize) -> bool {
+        (**self).pads_tail(rows)
     }
     fn step(&mut self, rows: &[f32], positions: &[Pos3]) -> Result<&[f32], EngineError> {
         (**self).step(rows, positions)

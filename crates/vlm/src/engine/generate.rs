@@ -31,6 +31,16 @@ pub enum ImageInput {
 /// Embedding rows `[n, hidden]` of a turn and their positions.
 type TurnRows = (Vec<f32>, Vec<Pos3>);
 
+/// Rows not in the state yet that go ahead of a prompt's own rows, in the same step: the
+/// tail of a pre-filled turn that would have taken a padded chunk of its own
+/// ([`Engine::generate_after`]). The prompt's positions continue after them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lead<'a> {
+    /// `[positions.len(), hidden]`.
+    pub rows: &'a [f32],
+    pub positions: &'a [Pos3],
+}
+
 /// Result of [`Engine::generate`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
@@ -51,6 +61,13 @@ pub enum ConstraintOutcome {
     /// text is a prefix of a value and does not parse. Front ends answer `success=false` with
     /// the error `incomplete` and the partial text — never a success that does not parse.
     Incomplete,
+}
+
+/// What a generation prefills: `lead`, then `prompt` with its `images`.
+struct Input<'a> {
+    lead: Lead<'a>,
+    prompt: &'a Prompt,
+    images: &'a [ImageInput],
 }
 
 /// What chooses each token: the sampler, masked per step by an optional constraint.
@@ -149,7 +166,7 @@ impl<B: Backend> Engine<B> {
         images: &[ImageInput],
     ) -> Result<(Vec<f32>, Vec<Pos3>), EngineError> {
         // Never `None`: nothing asks to stop.
-        self.turn_rows_until(prompt, images, &mut || false)
+        self.turn_rows_until(Lead::default(), prompt, images, &mut || false)
             .map(Option::unwrap_or_default)
     }
 
@@ -157,11 +174,12 @@ impl<B: Backend> Engine<B> {
     /// returns `None` when it says stop.
     fn turn_rows_until(
         &mut self,
+        lead: Lead<'_>,
         prompt: &Prompt,
         images: &[ImageInput],
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<Option<TurnRows>, EngineError> {
-        let needed = prompt.rows();
+        let needed = prompt.rows() + lead.positions.len();
         let left = self.backend.context_left();
         if needed > left {
             return Err(EngineError::ContextOverflow { needed, left });
@@ -181,7 +199,15 @@ impl<B: Backend> Engine<B> {
             });
         }
         let h = self.backend.info().hidden;
+        if lead.rows.len() != lead.positions.len() * h {
+            return Err(EngineError::Shape {
+                what: "lead rows [n, hidden]",
+                expected: lead.positions.len() * h,
+                found: lead.rows.len(),
+            });
+        }
         let mut rows = Vec::with_capacity(needed * h);
+        rows.extend_from_slice(lead.rows);
         for seg in &prompt.segments {
             match seg {
                 Segment::Tokens(ids) => self.backend.embed(ids, &mut rows)?,
@@ -198,7 +224,15 @@ impl<B: Backend> Engine<B> {
                 }
             }
         }
-        let (positions, _) = prompt.positions(self.backend.next_position());
+        // The prompt continues after the lead as it would after the lead in the state.
+        let start = lead
+            .positions
+            .iter()
+            .map(|p| p.max() + 1)
+            .fold(self.backend.next_position(), u32::max);
+        let (own, _) = prompt.positions(start);
+        let mut positions = lead.positions.to_vec();
+        positions.extend(own);
         Ok(Some((rows, positions)))
     }
 
@@ -250,7 +284,17 @@ impl<B: Backend> Engine<B> {
         images: &[ImageInput],
         interrupt: &mut dyn FnMut() -> bool,
     ) -> Result<bool, EngineError> {
-        let Some((rows, positions)) = self.turn_rows_until(prompt, images, interrupt)? else {
+        self.prefill_after(Lead::default(), prompt, images, interrupt)
+    }
+
+    fn prefill_after(
+        &mut self,
+        lead: Lead<'_>,
+        prompt: &Prompt,
+        images: &[ImageInput],
+        interrupt: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, EngineError> {
+        let Some((rows, positions)) = self.turn_rows_until(lead, prompt, images, interrupt)? else {
             return Ok(false);
         };
         if positions.is_empty() {
@@ -276,7 +320,12 @@ impl<B: Backend> Engine<B> {
             sampler,
             constraint: None,
         };
-        self.generate_with(prompt, images, pick, stream, opts, on_event)
+        let input = Input {
+            lead: Lead::default(),
+            prompt,
+            images,
+        };
+        self.generate_with(input, pick, stream, opts, on_event)
     }
 
     /// [`Engine::generate`] with the answer restricted by `constraint`: from the answer's
@@ -298,21 +347,54 @@ impl<B: Backend> Engine<B> {
             constraint: Some(constraint),
         };
         let opts = DecodeOptions::default();
-        self.generate_with(prompt, images, pick, stream, opts, on_event)
+        let input = Input {
+            lead: Lead::default(),
+            prompt,
+            images,
+        };
+        self.generate_with(input, pick, stream, opts, on_event)
+    }
+
+    /// [`Engine::generate`] (or [`Engine::generate_constrained`] with `constraint`) of a
+    /// text-only `prompt` whose rows follow `lead` in one step.
+    pub fn generate_after<'a>(
+        &mut self,
+        lead: Lead<'_>,
+        prompt: &Prompt,
+        sampler: &'a mut Sampler,
+        constraint: Option<&'a mut dyn TokenConstraint>,
+        stream: StreamConfig,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Generation, EngineError> {
+        let pick = Pick {
+            sampler,
+            constraint,
+        };
+        let opts = DecodeOptions::default();
+        let input = Input {
+            lead,
+            prompt,
+            images: &[],
+        };
+        self.generate_with(input, pick, stream, opts, on_event)
     }
 
     fn generate_with(
         &mut self,
-        prompt: &Prompt,
-        images: &[ImageInput],
+        input: Input<'_>,
         pick: Pick<'_>,
         mut stream: StreamConfig,
         opts: DecodeOptions,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Generation, EngineError> {
+        let Input {
+            lead,
+            prompt,
+            images,
+        } = input;
         stream.prompt_tokens = prompt.rows();
         let ts = TokenStream::new(self.tokenizer.clone(), stream);
-        let done = self.prefill(prompt, images, &mut || ts.interrupted().is_some())?;
+        let done = self.prefill_after(lead, prompt, images, &mut || ts.interrupted().is_some())?;
         if !done {
             let reason = ts.interrupted().unwrap_or(FinishReason::Cancelled);
             let completion = ts.finish(reason, on_event)?;

@@ -22,6 +22,6 @@ pub use backend::{Backend, BackendInfo, VisionSpec};
 pub use cpu::{CpuBackend, CpuOptions, DEFAULT_CONTEXT, DEFAULT_IMAGE_SIDE, DEFAULT_PREFILL_CHUNK};
 pub use error::EngineError;
 pub use generate::{
-    prompt_from_ids, ConstraintOutcome, DecodeOptions, Engine, Generation, ImageInput,
+    prompt_from_ids, ConstraintOutcome, DecodeOptions, Engine, Generation, ImageInput, Lead,
 };
 pub use state::{CacheLayout, StateBlob, StateShape, StateView, STATE_MAGIC};
