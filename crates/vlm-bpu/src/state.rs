@@ -98,8 +98,12 @@ impl BpuBackend {
         let set = &mut self.sets[self.phase];
         for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
             let r = layout.occupied(consumed, context);
-            buf.invalidate_range(r.start, r.len())
-                .map_err(|e| device("INVALIDATE", e))?;
+            // An empty state occupies no window row: nothing to flush (a zero-length flush
+            // at the buffer's end is not a call to make on the board).
+            if !r.is_empty() {
+                buf.invalidate_range(r.start, r.len())
+                    .map_err(|e| device("INVALIDATE", e))?;
+            }
         }
         let caches: Vec<&[u8]> = set.iter().map(DeviceBuffer::as_bytes).collect();
         let blob = StateBlob::build_reusing(
@@ -129,7 +133,10 @@ impl BpuBackend {
             });
         }
         if let Err(e) = self.write_caches(&view.caches) {
-            // A half-written set holds no state we can name: leave an empty one.
+            // A half-written set holds no state we can name: leave an empty one. Until that
+            // is done, the whole window counts as written, so that a clear that fails too
+            // leaves the next restore zeroing all of it.
+            self.consumed = self.shape.context;
             self.clear_state()?;
             return Err(e);
         }
@@ -168,8 +175,10 @@ impl BpuBackend {
             let bytes = buf.as_mut_bytes();
             bytes[touched.start..range.start].fill(0);
             bytes[range.clone()].copy_from_slice(data);
-            buf.clean_range(touched.start, touched.len())
-                .map_err(|e| device("CLEAN", e))?;
+            if !touched.is_empty() {
+                buf.clean_range(touched.start, touched.len())
+                    .map_err(|e| device("CLEAN", e))?;
+            }
         }
         Ok(())
     }

@@ -50,7 +50,8 @@ impl ImagePrefill {
         self.state.size_bytes() + std::mem::size_of_val(self.lead_rows.as_slice())
     }
 
-    /// Rows the state holds.
+    /// Rows of the turn's head: the system block, the user header and the image block, the
+    /// lead's included (those are not in the state yet: they go with the question).
     pub fn rows(&self) -> usize {
         self.rows
     }
