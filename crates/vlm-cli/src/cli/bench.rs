@@ -12,6 +12,7 @@
 //! card's non-thinking sampling. With `--json-schema FILE` it adds the host time per decode
 //! step with that schema active, median and p95, next to free text (`steps`).
 
+mod state_copy;
 mod steps;
 
 use std::io::Write;
@@ -389,6 +390,7 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    let state = state_copy::state_copies(&mut s.engine, args.repeats)?;
     let mut r = json!({
         "package": args.package,
         "vocab": info.vocab,
@@ -398,6 +400,7 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         "steps": args.steps,
         "repeats": args.repeats.max(1),
         "results": rows,
+        "state_copy": state,
     });
     if let Some(j) = &structured {
         r["json_schema"] = j.clone();
@@ -427,6 +430,15 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
             row["graph_call_ms_per_token"].as_f64().unwrap_or(f64::NAN)
         )?;
     }
+    writeln!(
+        out,
+        "decode state of {} rows ({} bytes), median ms: snapshot {:.1}, into a kept snapshot's memory {:.1}, restore {:.1}",
+        state["rows"],
+        state["bytes"],
+        state["snapshot_ms"].as_f64().unwrap_or(f64::NAN),
+        state["snapshot_reusing_ms"].as_f64().unwrap_or(f64::NAN),
+        state["restore_ms"].as_f64().unwrap_or(f64::NAN)
+    )?;
     if let Some(j) = &structured {
         writeln!(
             out,
