@@ -29,6 +29,7 @@ pub mod check;
 pub mod contract;
 mod embed;
 mod error;
+mod kept;
 pub mod lock;
 mod logits;
 mod open;
@@ -102,6 +103,10 @@ pub struct BpuOptions {
     /// identified and too small is refused unless `Off`; one that cannot be identified is
     /// refused under `Strict`, warned about under `Warn` (the default).
     pub pool_check: PoolCheck,
+    /// Allocate a third decode cache set so that one state can be kept on the device
+    /// ([`Backend::keep`]: a latest-frame pre-fill that asks start from without a copy). One
+    /// more set of device memory; when it cannot be had the backend opens without it.
+    pub keep_set: bool,
 }
 
 /// Default of [`BpuOptions::timeout`]: the longest graph call of the 4B package is ~0.74 s.
@@ -121,6 +126,7 @@ impl Default for BpuOptions {
             timeout: DEFAULT_TIMEOUT,
             interrupt: Interrupt::new(),
             pool_check: PoolCheck::default(),
+            keep_set: false,
         }
     }
 }
@@ -148,9 +154,14 @@ pub struct BpuBackend {
     decode: Io,
     prefill: Option<Io>,
     tower: Option<Tower>,
-    /// Cache sets A and B; `sets[phase]` holds the current state.
-    sets: [Vec<DeviceBuffer>; 2],
-    phase: usize,
+    /// The decode cache sets: a run reads `sets[current]` and writes another one, never the
+    /// kept one. Two (ping-pong), or three with [`BpuOptions::keep_set`].
+    sets: Vec<Vec<DeviceBuffer>>,
+    current: usize,
+    /// Per set: how many window rows (right-aligned) may be non-zero in it.
+    held: Vec<usize>,
+    /// A state kept in its set ([`Backend::keep`]).
+    kept: Option<kept::Kept>,
     consumed: usize,
     max_pos: Option<u32>,
     /// Raw decode-logits buffer image (§10.2): the decode output, or a prefill's last row
@@ -307,6 +318,14 @@ impl Backend for BpuBackend {
 
     fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
         self.save_state(Some(spare))
+    }
+
+    fn keep(&mut self) -> Option<u64> {
+        self.keep_current()
+    }
+
+    fn resume_kept(&mut self, id: u64) -> bool {
+        self.resume(id)
     }
 
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {

@@ -393,10 +393,21 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         None => None,
     };
     let decode = Io::new(decode, 1, &cfg.hbm)?;
-    let sets = [
+    let mut sets = vec![
         state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
         state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
     ];
+    if opts.keep_set {
+        // Optional: without it a kept state is a host snapshot, as with the CPU backend.
+        match state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm) {
+            Ok(set) => sets.push(set),
+            Err(e) => tracing::warn!(
+                "no third decode cache set ({e}): a pre-filled state is restored by copy"
+            ),
+        }
+    }
+    // Fresh device memory holds anything: the first clear zeroes every row.
+    let held = vec![shape.context; sets.len()];
     let state_shape = state::state_shape(&decode.graph, &shape);
     let info = BackendInfo {
         hidden: shape.hidden,
@@ -433,7 +444,9 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         prefill,
         tower,
         sets,
-        phase: 0,
+        current: 0,
+        held,
+        kept: None,
         consumed: 0,
         max_pos: None,
         logit_image: vec![0; state_shape.logit_bytes],

@@ -12,7 +12,7 @@ use vlm::engine::{CacheLayout, EngineError, StateBlob, StateShape};
 use crate::contract::{self, DecodeShape, FIXED_IN};
 use crate::error::device;
 use crate::logits::LogitsAt;
-use crate::{BpuBackend, BpuError};
+use crate::{kept, BpuBackend, BpuError};
 
 /// One cache set: a buffer per cache input of the decode graph.
 pub(crate) fn alloc_set(
@@ -47,37 +47,68 @@ pub(crate) fn state_shape(decode: &Graph, shape: &DecodeShape) -> StateShape {
     }
 }
 
-/// The current set (the run's input) and the other (its output).
-pub(crate) fn ping_pong(
-    sets: &mut [Vec<DeviceBuffer>; 2],
-    phase: usize,
+/// Set `cur` (a run's input) and set `out` (its output), two different sets.
+pub(crate) fn pair(
+    sets: &mut [Vec<DeviceBuffer>],
+    cur: usize,
+    out: usize,
 ) -> (&[DeviceBuffer], &mut [DeviceBuffer]) {
-    let (a, b) = sets.split_at_mut(1);
-    if phase == 0 {
-        (&a[0], &mut b[0])
+    if cur < out {
+        let (a, b) = sets.split_at_mut(out);
+        (&a[cur], &mut b[0])
     } else {
-        (&b[0], &mut a[0])
+        let (a, b) = sets.split_at_mut(cur);
+        (&b[0], &mut a[out])
     }
 }
 
 impl BpuBackend {
+    /// The set a run writes: neither the current one nor the kept one.
+    pub(crate) fn out_set(&self) -> usize {
+        let kept = self.kept.as_ref().map(kept::Kept::set);
+        (0..self.sets.len())
+            .find(|&i| i != self.current && Some(i) != kept)
+            // Unreachable: a state is kept only with a third set.
+            .unwrap_or((self.current + 1) % self.sets.len())
+    }
+
+    /// Before a run: until it succeeds, its output set holds rows we cannot name.
+    pub(crate) fn run_starts(&mut self) {
+        let out = self.out_set();
+        self.held[out] = self.shape.context;
+    }
+
     /// After a successful run: its output set becomes the state, `P` grows by the real rows
     /// and `maxPos` by their largest coordinate.
     pub(crate) fn advance(&mut self, positions: &[Pos3]) {
-        self.phase ^= 1;
+        let out = self.out_set();
         self.consumed += positions.len();
+        self.held[out] = self.consumed.min(self.shape.context);
+        self.current = out;
         let top = positions.iter().map(Pos3::max).max().unwrap_or(0);
         self.max_pos = Some(self.max_pos.map_or(top, |m| m.max(top)));
     }
 
+    /// Empties the state: every set but the kept one is zeroed (as far as it may hold rows).
     pub(crate) fn clear_state(&mut self) -> Result<(), EngineError> {
-        for set in &mut self.sets {
-            for buf in set.iter_mut() {
-                buf.as_mut_bytes().fill(0);
-                buf.clean().map_err(|e| device("CLEAN", e))?;
+        let kept = self.kept.as_ref().map(kept::Kept::set);
+        let context = self.shape.context;
+        for (i, set) in self.sets.iter_mut().enumerate() {
+            if Some(i) == kept {
+                continue;
             }
+            for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
+                let r = layout.occupied(self.held[i], context);
+                if r.is_empty() {
+                    continue;
+                }
+                buf.as_mut_bytes()[r.clone()].fill(0);
+                buf.clean_range(r.start, r.len())
+                    .map_err(|e| device("CLEAN", e))?;
+            }
+            self.held[i] = 0;
         }
-        self.phase = 0;
+        self.current = (0..self.sets.len()).find(|&i| Some(i) != kept).unwrap_or(0);
         self.consumed = 0;
         self.max_pos = None;
         self.logits_at = LogitsAt::Nowhere;
@@ -95,7 +126,7 @@ impl BpuBackend {
         // Only the occupied bytes are saved, so only they need the device's view: the cost
         // follows the conversation, not the window size.
         let (consumed, context) = (self.consumed, self.shape.context);
-        let set = &mut self.sets[self.phase];
+        let set = &mut self.sets[self.current];
         for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
             let r = layout.occupied(consumed, context);
             // An empty state occupies no window row: nothing to flush (a zero-length flush
@@ -132,14 +163,21 @@ impl BpuBackend {
                 ),
             });
         }
-        if let Err(e) = self.write_caches(&view.caches) {
-            // A half-written set holds no state we can name: leave an empty one. Until that
-            // is done, the whole window counts as written, so that a clear that fails too
-            // leaves the next restore zeroing all of it.
-            self.consumed = self.shape.context;
+        // A kept state's set is never written: the restore goes into another one.
+        let target = if self.kept.as_ref().map(kept::Kept::set) == Some(self.current) {
+            self.out_set()
+        } else {
+            self.current
+        };
+        if let Err(e) = self.write_caches(target, &view.caches) {
+            // A half-written set holds no state we can name: leave an empty one (the whole
+            // window counts as written until the clear has zeroed it).
+            self.held[target] = self.shape.context;
             self.clear_state()?;
             return Err(e);
         }
+        self.held[target] = view.consumed.min(self.shape.context);
+        self.current = target;
         self.consumed = view.consumed;
         self.max_pos = view.max_pos;
         self.logit_image.copy_from_slice(view.logits);
@@ -157,16 +195,17 @@ impl BpuBackend {
         Ok(())
     }
 
-    /// Writes a blob's occupied cache bytes into the current set. A window row outside the
-    /// occupied range is zero in a live set (it starts zeroed and the graph only shifts rows
-    /// in from the right), so of the rest only the rows the current state occupies and the
-    /// new one does not are zeroed; the whole window is neither written nor cleaned.
+    /// Writes a blob's occupied cache bytes into set `target`. A window row outside the rows
+    /// a set holds is zero (a set starts zeroed and the graph only shifts rows in from the
+    /// right), so of the rest only the rows the set holds and the blob does not are zeroed;
+    /// the whole window is neither written nor cleaned.
     fn write_caches(
         &mut self,
+        target: usize,
         caches: &[(std::ops::Range<usize>, &[u8])],
     ) -> Result<(), EngineError> {
-        let (before, context) = (self.consumed, self.shape.context);
-        let set = &mut self.sets[self.phase];
+        let (before, context) = (self.held[target], self.shape.context);
+        let set = &mut self.sets[target];
         for ((buf, layout), (range, data)) in
             set.iter_mut().zip(&self.state_shape.caches).zip(caches)
         {

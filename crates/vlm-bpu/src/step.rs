@@ -131,7 +131,8 @@ impl BpuBackend {
         let inputs = self.inputs(rows, positions, g_rows, layout)?;
         let off = self.run_graph(&inputs, g_rows, n, layout)?;
         if let Some(layout) = layout {
-            let next = &mut self.sets[self.phase ^ 1];
+            let out = self.out_set();
+            let next = &mut self.sets[out];
             let fix = Unpad {
                 layout,
                 pads: g_rows - n,
@@ -251,6 +252,8 @@ impl BpuBackend {
     ) -> Result<usize, EngineError> {
         let len = self.row_bytes();
         let chunk = self.info.prefill_chunk;
+        self.run_starts();
+        let (cur_set, out_set) = (self.current, self.out_set());
         let io = if g_rows == 1 {
             &mut self.decode
         } else {
@@ -266,7 +269,7 @@ impl BpuBackend {
             }
             write_input(&mut io.fixed[i], &specs[i], data)?;
         }
-        let (cur, next) = state::ping_pong(&mut self.sets, self.phase);
+        let (cur, next) = state::pair(&mut self.sets, cur_set, out_set);
         let mut ins: Vec<&DeviceBuffer> = io.fixed.iter().collect();
         ins.extend(cur.iter());
         let mut outs: Vec<&mut DeviceBuffer> = vec![&mut io.logits];

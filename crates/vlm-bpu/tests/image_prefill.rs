@@ -45,6 +45,22 @@ fn open_padded() -> (tempfile::TempDir, Assistant) {
     (dir, a)
 }
 
+/// The tiny-4b package opened with a third cache set (`keep_set`), or without.
+fn open_keeping(keep_set: bool) -> (tempfile::TempDir, Assistant) {
+    let dir = tempfile::tempdir().unwrap();
+    let pkg = dir.path().join("pkg");
+    vlm_testkit::sim_package("tiny-4b", &pkg, |o| o.cache_len = 512);
+    let opts = OpenOptions {
+        bpu: BpuOptions {
+            keep_set,
+            ..BpuOptions::default()
+        },
+        ..OpenOptions::default()
+    };
+    let a = open_assistant(&ModelSource::Package(pkg), &opts).unwrap();
+    (dir, a)
+}
+
 fn runs() -> u64 {
     bpu_sim::Sim::current().stats().runs
 }
@@ -109,6 +125,30 @@ fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
     // The pre-fill serves again (a snapshot is restored, not consumed).
     let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(again.tokens, want.tokens);
+}
+
+#[test]
+fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
+    for keep_set in [true, false] {
+        let (_d, mut a) = open_keeping(keep_set);
+        let (img, other) = (image(3), image(9));
+        let q = turn("What do you see?", None);
+        let want = cold(&mut a, &img, &q);
+        let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+        let mut copies = Vec::new();
+        for _ in 0..2 {
+            // Another turn in between: the backend's state is not the pre-fill's anymore.
+            cold(&mut a, &other, &turn("And this one?", None));
+            let before = a.restores();
+            let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+            copies.push(a.restores() - before);
+            assert_eq!(got.tokens, want.tokens, "keep_set {keep_set}");
+            assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
+        }
+        // Kept: a switch of cache sets each time; else the pre-filled state is copied back.
+        let expect = if keep_set { vec![0, 0] } else { vec![1, 1] };
+        assert_eq!(copies, expect, "keep_set {keep_set}");
+    }
 }
 
 #[test]

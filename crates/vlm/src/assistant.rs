@@ -290,6 +290,8 @@ pub struct Assistant {
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
+    /// Decode states copied back ([`Assistant::restores`]).
+    restores: u64,
     /// Images sent through the vision tower by [`Assistant::ask`].
     images_encoded: u64,
     /// The model's JSON-schema compiler (token table built on first use).
@@ -403,6 +405,7 @@ impl Assistant {
             spare_state: None,
             resident: Resident::Unknown,
             snapshots: 0,
+            restores: 0,
             images_encoded: 0,
             schemas,
         })
@@ -450,6 +453,13 @@ impl Assistant {
     /// state out of device memory, which is what makes an unneeded one costly.
     pub fn snapshots(&self) -> u64 {
         self.snapshots
+    }
+
+    /// Decode states copied back into the device so far (a conversation, a cached system
+    /// block, a pre-filled frame, a parked pre-fill); one made current again where the device
+    /// kept it ([`crate::engine::Backend::keep`]) is not counted: no copy.
+    pub fn restores(&self) -> u64 {
+        self.restores
     }
 
     /// Images [`Assistant::ask`] sent through the vision tower (one tower run each); an image
@@ -517,6 +527,7 @@ impl Assistant {
                 if self.resident != Resident::Conversation(c.id) {
                     self.resident = Resident::Unknown;
                     self.engine.backend_mut().restore(&c.state)?;
+                    self.restores += 1;
                 }
                 // A new id: it names a state, and the caller may continue `c` again later
                 // (a fork), which must restore `c`, not find this turn's state resident.

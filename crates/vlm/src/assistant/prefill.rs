@@ -36,6 +36,8 @@ pub struct ImagePrefill {
     /// The system block's text ([`crate::chat::ChatTemplate::system_text`]).
     system: String,
     state: StateBlob,
+    /// The same state kept on the device ([`Backend::keep`]), while the backend keeps it.
+    kept: Option<u64>,
     /// Rows of the turn (system block, user header, image block), the lead's included.
     rows: usize,
     /// The head's rows not in the state (`[n, hidden]`) and their positions: fed in front of
@@ -252,6 +254,7 @@ impl Assistant {
             };
             self.resident = Resident::Unknown;
             self.engine.backend_mut().restore(parked)?;
+            self.restores += 1;
         }
         // The state moves on from where it was parked.
         if let Some(parked) = p.parked.take() {
@@ -274,6 +277,7 @@ impl Assistant {
             return Ok(PrefillOutcome::Stopped);
         }
         let state = backend.snapshot()?;
+        let kept = backend.keep();
         self.snapshots += 1;
         let rows = p.base + p.positions.len();
         let lead = p.positions.len() - p.end;
@@ -283,6 +287,7 @@ impl Assistant {
             id: p.id,
             system: p.system,
             state,
+            kept,
             rows,
             lead_rows: p.rows.split_off(p.end * h),
             lead_positions: p.positions.split_off(p.end),
@@ -318,7 +323,12 @@ impl Assistant {
         // Right after the pre-fill the backend still holds its state: no copy back needed.
         if self.resident != Resident::Prefill(prefill.id) {
             self.resident = Resident::Unknown;
-            self.engine.backend_mut().restore(&prefill.state)?;
+            let backend = self.engine.backend_mut();
+            // Kept on the device: a switch of cache sets; else the copy back.
+            if !prefill.kept.is_some_and(|id| backend.resume_kept(id)) {
+                backend.restore(&prefill.state)?;
+                self.restores += 1;
+            }
         }
         self.resident = Resident::Unknown;
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;

@@ -88,6 +88,7 @@ impl Assistant {
         self.resident = Resident::Unknown;
         if let Some(blob) = self.prefix.get(&text) {
             self.engine.backend_mut().restore(blob)?;
+            self.restores += 1;
             return Ok(Some(self.engine.backend().consumed()));
         }
         let ids = self.template.system_prefix(opts)?;

@@ -79,6 +79,20 @@ pub trait Backend {
         self.snapshot()
     }
 
+    /// Keeps the current state where it is (on the BPU, a spare cache set that no run
+    /// writes), so that [`Backend::resume_kept`] makes it current again without a copy, however
+    /// much runs or is restored meanwhile; replaces the state kept before. `None`: this
+    /// backend keeps none (a snapshot does the job).
+    fn keep(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// Makes the state kept as `id` current again; `false` when it is not kept (anymore).
+    fn resume_kept(&mut self, id: u64) -> bool {
+        let _ = id;
+        false
+    }
+
     /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
 
@@ -170,6 +184,12 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
         (**self).snapshot_reusing(spare)
+    }
+    fn keep(&mut self) -> Option<u64> {
+        (**self).keep()
+    }
+    fn resume_kept(&mut self, id: u64) -> bool {
+        (**self).resume_kept(id)
     }
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         (**self).restore(blob)

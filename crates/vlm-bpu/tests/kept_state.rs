@@ -1,0 +1,94 @@
+//! A decode state kept on the device (`Backend::keep`, with `BpuOptions::keep_set`): it
+//! survives other runs, restores and resets in its own cache set, and `resume_kept` continues
+//! from it exactly as from the uninterrupted state; a newer keep replaces it; without a third
+//! set (not asked for, or not to be had from the pool) nothing is kept and the backend works
+//! as before.
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+
+use bpu_sim::{Sim, SimConfig};
+use vlm::engine::Backend;
+use vlm_bpu::{BpuBackend, BpuOptions};
+use vlm_testkit::{continue_greedy, feed_text, golden_case, sim_package};
+
+fn open(dir: &Path, keep_set: bool) -> BpuBackend {
+    let opts = BpuOptions {
+        no_vision: true,
+        keep_set,
+        ..BpuOptions::default()
+    };
+    BpuBackend::open(dir, &opts).unwrap()
+}
+
+#[test]
+fn a_kept_state_survives_other_work_and_continues_unchanged() {
+    let d = tempfile::tempdir().unwrap();
+    sim_package("tiny-sym", d.path(), |o| o.cache_len = 64);
+    let mut b = open(d.path(), true);
+    let k = golden_case("tiny-sym", "text_32");
+    feed_text(&mut b, &k.ids[..7]);
+    let id = b.keep().unwrap();
+    let straight = continue_greedy(&mut b, 10);
+    let (consumed, max_pos) = (7, Some(6));
+
+    // Other work in every way the state can change: runs, a reset, a restore of another
+    // state, more runs on it.
+    b.reset().unwrap();
+    feed_text(&mut b, &k.ids);
+    let other = b.snapshot().unwrap();
+    b.reset().unwrap();
+    feed_text(&mut b, &k.ids[..3]);
+    b.restore(&other).unwrap();
+    continue_greedy(&mut b, 3);
+
+    assert!(b.resume_kept(id));
+    assert_eq!((b.consumed(), b.max_pos()), (consumed, max_pos));
+    assert_eq!(continue_greedy(&mut b, 10), straight);
+    // Again, after that continuation wrote other sets: still there.
+    assert!(b.resume_kept(id));
+    assert_eq!(continue_greedy(&mut b, 10), straight);
+    // A restore while the kept state is current goes elsewhere, and leaves it kept.
+    assert!(b.resume_kept(id));
+    b.restore(&other).unwrap();
+    assert_eq!(b.consumed(), k.ids.len());
+    assert!(b.resume_kept(id));
+    assert_eq!(continue_greedy(&mut b, 10), straight);
+
+    // A newer keep replaces it.
+    let newer = b.keep().unwrap();
+    assert_ne!(newer, id);
+    assert!(!b.resume_kept(id));
+    assert!(b.resume_kept(newer));
+}
+
+#[test]
+fn without_a_third_set_nothing_is_kept() {
+    let d = tempfile::tempdir().unwrap();
+    sim_package("tiny-sym", d.path(), |o| o.cache_len = 64);
+    let sim = Sim::new(SimConfig::default());
+    sim.install();
+    let used = |keep: bool| {
+        let b = open(d.path(), keep);
+        let used = sim.stats().pool_used;
+        drop(b);
+        used
+    };
+    let (two, three) = (used(false), used(true));
+    assert!(
+        three > two,
+        "a third set takes pool memory: {two} vs {three}"
+    );
+
+    let mut b = open(d.path(), false);
+    assert_eq!(b.keep(), None, "not asked for");
+    drop(b);
+
+    // Room for the graphs and two sets only: the backend opens without the third.
+    sim.set_pool(Some((two + three) / 2));
+    let mut b = open(d.path(), true);
+    assert_eq!(b.keep(), None, "not to be had");
+    let k = golden_case("tiny-sym", "text_32");
+    feed_text(&mut b, &k.ids);
+    assert_eq!(b.consumed(), k.ids.len());
+}
