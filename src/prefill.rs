@@ -320,6 +320,15 @@ impl Prefiller {
         // A stopped pre-fill for a system prompt set away is not parked for nothing.
         self.follow_system();
         let chosen = self.decide(plan, fresh, assistant);
+        tracing::debug!(
+            chosen = match &chosen {
+                Some(Chosen::Completed(_)) => "completed pre-fill",
+                Some(Chosen::Resume) => "stopped pre-fill, continued",
+                None => "no pre-fill",
+            },
+            stopped = self.stopped.is_some(),
+            "frame chosen"
+        );
         // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
         // unless its frame is too old to be continued anyway (`run`).
         if !matches!(chosen, Some(Chosen::Resume)) {

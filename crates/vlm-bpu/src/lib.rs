@@ -162,6 +162,10 @@ pub struct BpuBackend {
     held: Vec<usize>,
     /// A state kept in its set ([`Backend::keep`]).
     kept: Option<kept::Kept>,
+    /// A state parked in its set until the set is needed ([`Backend::park`]).
+    parked: Option<kept::Parked>,
+    /// The memory of the last parked state's host copy, for the next one.
+    park_spare: Option<StateBlob>,
     consumed: usize,
     max_pos: Option<u32>,
     /// Raw decode-logits buffer image (§10.2): the decode output, or a prefill's last row
@@ -201,6 +205,11 @@ impl BpuBackend {
     /// Which implementation runs the graphs.
     pub fn implementation(&self) -> Implementation {
         self.implementation
+    }
+
+    /// Whether a parked state ([`Backend::park`]) is still in its cache set (not copied out).
+    pub fn parked_on_device(&self) -> bool {
+        self.parked.as_ref().and_then(kept::Parked::set).is_some()
     }
 
     /// Total wall time spent inside text-graph runs since open: everything else a step costs
@@ -326,6 +335,18 @@ impl Backend for BpuBackend {
 
     fn resume_kept(&mut self, id: u64) -> bool {
         self.resume(id)
+    }
+
+    fn park(&mut self) -> Option<u64> {
+        self.park_current()
+    }
+
+    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
+        BpuBackend::unpark(self, id)
+    }
+
+    fn release_parked(&mut self) {
+        BpuBackend::release_parked(self)
     }
 
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {

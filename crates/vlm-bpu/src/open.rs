@@ -447,6 +447,8 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         current: 0,
         held,
         kept: None,
+        parked: None,
+        park_spare: None,
         consumed: 0,
         max_pos: None,
         logit_image: vec![0; state_shape.logit_bytes],

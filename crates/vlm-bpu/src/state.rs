@@ -47,6 +47,13 @@ pub(crate) fn state_shape(decode: &Graph, shape: &DecodeShape) -> StateShape {
     }
 }
 
+/// Where a state to snapshot lies and what the set alone does not hold.
+pub(crate) struct SavedAt {
+    pub set: usize,
+    pub consumed: usize,
+    pub max_pos: Option<u32>,
+}
+
 /// Set `cur` (a run's input) and set `out` (its output), two different sets.
 pub(crate) fn pair(
     sets: &mut [Vec<DeviceBuffer>],
@@ -63,19 +70,38 @@ pub(crate) fn pair(
 }
 
 impl BpuBackend {
-    /// The set a run writes: neither the current one nor the kept one.
+    /// Whether set `i` holds a state that must not be written: the kept one, or a parked
+    /// one not moved to the host yet.
+    pub(crate) fn protected(&self, i: usize) -> bool {
+        self.kept.as_ref().map(kept::Kept::set) == Some(i)
+            || self.parked.as_ref().and_then(kept::Parked::set) == Some(i)
+    }
+
+    /// The set a run (or a restore away from a protected set) writes: neither the current
+    /// one nor a protected one. [`BpuBackend::free_a_set`] makes sure there is one.
     pub(crate) fn out_set(&self) -> usize {
-        let kept = self.kept.as_ref().map(kept::Kept::set);
         (0..self.sets.len())
-            .find(|&i| i != self.current && Some(i) != kept)
-            // Unreachable: a state is kept only with a third set.
+            .find(|&i| i != self.current && !self.protected(i))
+            // Unreachable after `free_a_set` (a state is kept or parked only with a third set).
             .unwrap_or((self.current + 1) % self.sets.len())
     }
 
+    /// Makes a set other than the current one writable: a parked state in the way moves to
+    /// the host now (its copy is taken when a run needs its set, not when it is parked).
+    pub(crate) fn free_a_set(&mut self) -> Result<(), EngineError> {
+        let free = (0..self.sets.len()).any(|i| i != self.current && !self.protected(i));
+        if !free {
+            self.move_parked_to_host()?;
+        }
+        Ok(())
+    }
+
     /// Before a run: until it succeeds, its output set holds rows we cannot name.
-    pub(crate) fn run_starts(&mut self) {
+    pub(crate) fn run_starts(&mut self) -> Result<(), EngineError> {
+        self.free_a_set()?;
         let out = self.out_set();
         self.held[out] = self.shape.context;
+        Ok(())
     }
 
     /// After a successful run: its output set becomes the state, `P` grows by the real rows
@@ -89,12 +115,13 @@ impl BpuBackend {
         self.max_pos = Some(self.max_pos.map_or(top, |m| m.max(top)));
     }
 
-    /// Empties the state: every set but the kept one is zeroed (as far as it may hold rows).
+    /// Empties the state: every set but the protected ones is zeroed (as far as it may hold
+    /// rows).
     pub(crate) fn clear_state(&mut self) -> Result<(), EngineError> {
-        let kept = self.kept.as_ref().map(kept::Kept::set);
+        let protected: Vec<bool> = (0..self.sets.len()).map(|i| self.protected(i)).collect();
         let context = self.shape.context;
         for (i, set) in self.sets.iter_mut().enumerate() {
-            if Some(i) == kept {
+            if protected[i] {
                 continue;
             }
             for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
@@ -108,7 +135,7 @@ impl BpuBackend {
             }
             self.held[i] = 0;
         }
-        self.current = (0..self.sets.len()).find(|&i| Some(i) != kept).unwrap_or(0);
+        self.current = (0..self.sets.len()).find(|&i| !protected[i]).unwrap_or(0);
         self.consumed = 0;
         self.max_pos = None;
         self.logits_at = LogitsAt::Nowhere;
@@ -123,10 +150,28 @@ impl BpuBackend {
         spare: Option<StateBlob>,
     ) -> Result<StateBlob, EngineError> {
         self.materialise_image();
+        let at = SavedAt {
+            set: self.current,
+            consumed: self.consumed,
+            max_pos: self.max_pos,
+        };
+        let logits = std::mem::take(&mut self.logit_image);
+        let blob = self.save_set(&at, &logits, spare);
+        self.logit_image = logits;
+        blob
+    }
+
+    /// A snapshot of the state in set `at.set` with its `P`, `maxPos` and logits image.
+    pub(crate) fn save_set(
+        &mut self,
+        at: &SavedAt,
+        logit_image: &[u8],
+        spare: Option<StateBlob>,
+    ) -> Result<StateBlob, EngineError> {
         // Only the occupied bytes are saved, so only they need the device's view: the cost
         // follows the conversation, not the window size.
-        let (consumed, context) = (self.consumed, self.shape.context);
-        let set = &mut self.sets[self.current];
+        let (consumed, context) = (at.consumed, self.shape.context);
+        let set = &mut self.sets[at.set];
         for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
             let r = layout.occupied(consumed, context);
             // An empty state occupies no window row: nothing to flush (a zero-length flush
@@ -140,16 +185,12 @@ impl BpuBackend {
         let blob = StateBlob::build_reusing(
             spare,
             &self.state_shape,
-            self.consumed,
-            self.max_pos,
+            consumed,
+            at.max_pos,
             &caches,
-            &self.logit_image,
+            logit_image,
         )?;
-        tracing::debug!(
-            bytes = blob.size_bytes(),
-            consumed = self.consumed,
-            "BPU state snapshot"
-        );
+        tracing::debug!(bytes = blob.size_bytes(), consumed, "BPU state snapshot");
         Ok(blob)
     }
 
@@ -163,8 +204,9 @@ impl BpuBackend {
                 ),
             });
         }
-        // A kept state's set is never written: the restore goes into another one.
-        let target = if self.kept.as_ref().map(kept::Kept::set) == Some(self.current) {
+        // A kept or parked state's set is never written: the restore goes into another one.
+        let target = if self.protected(self.current) {
+            self.free_a_set()?;
             self.out_set()
         } else {
             self.current

@@ -252,7 +252,7 @@ impl BpuBackend {
     ) -> Result<usize, EngineError> {
         let len = self.row_bytes();
         let chunk = self.info.prefill_chunk;
-        self.run_starts();
+        self.run_starts()?;
         let (cur_set, out_set) = (self.current, self.out_set());
         let io = if g_rows == 1 {
             &mut self.decode

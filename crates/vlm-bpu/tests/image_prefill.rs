@@ -185,7 +185,14 @@ fn with_padded_tails_the_short_rest_of_the_image_goes_with_the_question() {
 
 #[test]
 fn a_prefill_stopped_at_each_graph_call_continues_to_the_same_answer() {
-    let (_d, mut a) = open();
+    // Parked as a snapshot, and parked on the device (a third set; moved out by the turn).
+    for keep_set in [false, true] {
+        stopped_prefills_continue(keep_set);
+    }
+}
+
+fn stopped_prefills_continue(keep_set: bool) {
+    let (_d, mut a) = open_keeping(keep_set);
     let img = image(3);
     let q = turn("Describe it.", Some("You are a robot."));
     let want = cold(&mut a, &img, &q);

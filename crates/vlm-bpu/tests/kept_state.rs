@@ -2,7 +2,8 @@
 //! survives other runs, restores and resets in its own cache set, and `resume_kept` continues
 //! from it exactly as from the uninterrupted state; a newer keep replaces it; without a third
 //! set (not asked for, or not to be had from the pool) nothing is kept and the backend works
-//! as before.
+//! as before. A parked state (`Backend::park`) stays in its set until a run or a restore
+//! needs the set, and is taken up again exactly, from there or from its host copy.
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
@@ -91,4 +92,52 @@ fn without_a_third_set_nothing_is_kept() {
     let k = golden_case("tiny-sym", "text_32");
     feed_text(&mut b, &k.ids);
     assert_eq!(b.consumed(), k.ids.len());
+}
+
+#[test]
+fn a_parked_state_is_copied_out_only_when_its_set_is_needed() {
+    let d = tempfile::tempdir().unwrap();
+    sim_package("tiny-sym", d.path(), |o| o.cache_len = 64);
+    let mut b = open(d.path(), true);
+    let k = golden_case("tiny-sym", "text_32");
+    feed_text(&mut b, &k.ids[..7]);
+    let kept = b.keep().unwrap();
+    b.reset().unwrap();
+    feed_text(&mut b, &k.ids[..12]);
+    let reference = b.snapshot().unwrap();
+    let want = {
+        let mut r = open_plain(d.path());
+        r.restore(&reference).unwrap();
+        continue_greedy(&mut r, 12)
+    };
+
+    // Parked, then taken up again with nothing in between: a switch of sets.
+    let id = b.park().unwrap();
+    assert!(b.unpark(id).unwrap());
+    assert!(!b.unpark(id).unwrap(), "taken up once");
+
+    // Parked while the kept state answers: its first run has a free set, the second needs
+    // the parked one, which moves to the host only then.
+    let id = b.park().unwrap();
+    assert!(b.resume_kept(kept));
+    continue_greedy(&mut b, 1);
+    assert!(b.parked_on_device());
+    continue_greedy(&mut b, 1);
+    assert!(!b.parked_on_device());
+    assert!(b.unpark(id).unwrap());
+    assert_eq!((b.consumed(), b.max_pos()), (12, Some(11)));
+    assert_eq!(continue_greedy(&mut b, 6)[..], want[..6]);
+
+    // A reset and a restore leave a parked state alone too.
+    let id = b.park().unwrap();
+    b.reset().unwrap();
+    feed_text(&mut b, &k.ids[..3]);
+    b.restore(&reference).unwrap();
+    feed_text(&mut b, &k.ids[..2]);
+    assert!(b.unpark(id).unwrap());
+    assert_eq!(continue_greedy(&mut b, 6)[..], want[6..]);
+}
+
+fn open_plain(dir: &Path) -> BpuBackend {
+    open(dir, false)
 }

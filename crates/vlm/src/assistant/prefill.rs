@@ -75,7 +75,15 @@ pub(super) struct Partial {
     base: usize,
     /// The state where it stopped, kept ([`Assistant::park_prefill`]) before another turn
     /// used the backend.
-    parked: Option<StateBlob>,
+    parked: Option<Parked>,
+}
+
+/// Where a stopped pre-fill's state is kept while another turn uses the backend.
+#[derive(Debug)]
+enum Parked {
+    /// On the device ([`Backend::park`]), copied out only if the set is needed.
+    Device(u64),
+    Host(StateBlob),
 }
 
 /// How far a pre-fill got.
@@ -159,8 +167,10 @@ impl Assistant {
         let text = self.template.system_text(system)?;
         // A new pre-fill supersedes a stopped one: whatever stops this one, the stopped state
         // left behind is never another image's.
-        if let Some(parked) = self.partial.take().and_then(|p| p.parked) {
-            self.spare_state = Some(parked);
+        match self.partial.take().and_then(|p| p.parked) {
+            Some(Parked::Host(blob)) => self.spare_state = Some(blob),
+            Some(Parked::Device(_)) => self.engine.backend_mut().release_parked(),
+            None => {}
         }
         let Some(base) = self.load_prefix(system, interrupt)? else {
             return Ok(PrefillOutcome::Stopped);
@@ -222,20 +232,27 @@ impl Assistant {
         }
     }
 
-    /// Keeps the state of a stopped pre-fill (a snapshot) so it can be continued after
-    /// another turn has used the backend; a front end calls it before serving such a turn.
-    /// Nothing to do when no stopped pre-fill holds the backend.
+    /// Keeps the state of a stopped pre-fill so it can be continued after another turn has
+    /// used the backend — parked on the device where it is ([`Backend::park`]: no copy unless
+    /// its set is needed, and then not before the turn's first graph call), else a snapshot;
+    /// a front end calls it before serving such a turn. Nothing to do when no stopped pre-fill
+    /// holds the backend.
     pub fn park_prefill(&mut self) -> Result<(), AssistantError> {
         let Some(p) = &mut self.partial else {
             return Ok(());
         };
         if p.parked.is_none() && self.resident == Resident::Prefill(p.id) {
             let backend = self.engine.backend_mut();
-            p.parked = Some(match self.spare_state.take() {
-                Some(spare) => backend.snapshot_reusing(spare)?,
-                None => backend.snapshot()?,
+            p.parked = Some(match backend.park() {
+                Some(id) => Parked::Device(id),
+                None => {
+                    self.snapshots += 1;
+                    Parked::Host(match self.spare_state.take() {
+                        Some(spare) => backend.snapshot_reusing(spare)?,
+                        None => backend.snapshot()?,
+                    })
+                }
             });
-            self.snapshots += 1;
         }
         Ok(())
     }
@@ -249,16 +266,27 @@ impl Assistant {
             return Ok(PrefillOutcome::Stopped);
         };
         if self.resident != Resident::Prefill(p.id) {
-            let Some(parked) = &p.parked else {
-                return Ok(PrefillOutcome::Stopped);
-            };
             self.resident = Resident::Unknown;
-            self.engine.backend_mut().restore(parked)?;
-            self.restores += 1;
+            match p.parked.take() {
+                Some(Parked::Device(id)) => {
+                    if !self.engine.backend_mut().unpark(id)? {
+                        return Ok(PrefillOutcome::Stopped);
+                    }
+                }
+                Some(Parked::Host(blob)) => {
+                    let restored = self.engine.backend_mut().restore(&blob);
+                    self.spare_state = Some(blob);
+                    restored?;
+                    self.restores += 1;
+                }
+                None => return Ok(PrefillOutcome::Stopped),
+            }
         }
         // The state moves on from where it was parked.
-        if let Some(parked) = p.parked.take() {
-            self.spare_state = Some(parked);
+        match p.parked.take() {
+            Some(Parked::Host(blob)) => self.spare_state = Some(blob),
+            Some(Parked::Device(_)) => self.engine.backend_mut().release_parked(),
+            None => {}
         }
         self.resident = Resident::Unknown;
         let h = self.info.hidden;

@@ -93,6 +93,24 @@ pub trait Backend {
         false
     }
 
+    /// Parks the current state on the device (on the BPU, in its cache set while no run or
+    /// restore needs that set: a copy to the host is made only then), replacing the one parked
+    /// before; [`Backend::unpark`] makes it current again. `None`: this backend parks none
+    /// (a snapshot does the job).
+    fn park(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// Makes the state parked as `id` current again (a switch of sets, or its copy restored);
+    /// `Ok(false)` when it is not parked (anymore).
+    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
+        let _ = id;
+        Ok(false)
+    }
+
+    /// Forgets the parked state.
+    fn release_parked(&mut self) {}
+
     /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
 
@@ -190,6 +208,15 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn resume_kept(&mut self, id: u64) -> bool {
         (**self).resume_kept(id)
+    }
+    fn park(&mut self) -> Option<u64> {
+        (**self).park()
+    }
+    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
+        (**self).unpark(id)
+    }
+    fn release_parked(&mut self) {
+        (**self).release_parked()
     }
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         (**self).restore(blob)
