@@ -14,9 +14,10 @@
 //!
 //! Cost bounds: a pre-fill starts only when the queue is empty, is asked before the frame's
 //! conversion and before every graph call whether an ask came (and then stops there, so an ask
-//! waits at most one graph call, and when that call completed the pre-fill, its snapshot: a
-//! host copy of the whole decode state), keeps its BPU time to `prefill_duty` of the wall
-//! time by resting after each pre-fill, and submits one priority below the asks'
+//! waits at most one graph call, and when that call completed the pre-fill without a third
+//! cache set to keep it in, its snapshot: a host copy of the whole decode state), keeps its BPU time to `prefill_duty` of the wall
+//! time by resting after each pre-fill (for all of its runs: one stopped by an ask goes on
+//! right after the ask, and rests when it ends), and submits one priority below the asks'
 //! `bpu_priority` (never below 0).
 
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -97,6 +98,9 @@ pub struct Prefiller {
     tried: Option<(Arc<str>, u64)>,
     /// No pre-fill starts before this (`prefill_duty`).
     rest_until: Instant,
+    /// BPU time of the stopped pre-fill's runs so far: rested once it ends (completed or
+    /// given up), so an ask that stops a pre-fill does not also push its end back by a rest.
+    unrested: Duration,
     /// The model cannot pre-fill (no vision tower).
     off: bool,
     busy: Duration,
@@ -117,6 +121,7 @@ impl Prefiller {
             stopped: None,
             tried: None,
             rest_until: now,
+            unrested: Duration::ZERO,
             off: false,
             busy: Duration::ZERO,
             since: now,
@@ -177,9 +182,17 @@ impl Prefiller {
             tracing::debug!("system_prompt changed: pre-fills start over");
             self.system.system = live;
             self.completed = None;
-            self.stopped = None;
+            self.settle(Instant::now());
             self.tried = None;
         }
+    }
+
+    /// Drops every pre-fill (completed and stopped): after the engine was reset or reopened.
+    pub fn forget(&mut self) {
+        self.completed = None;
+        self.stats.frame_arrival = None;
+        self.settle(Instant::now());
+        self.tried = None;
     }
 
     /// How long an idle worker may wait for a job before looking again.
@@ -210,11 +223,14 @@ impl Prefiller {
         let now = Instant::now();
         // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
         // an older one gives way to the newest frame.
-        let resumable = self.stopped.clone().filter(|f| {
-            now >= self.rest_until
-                && f.age(now) < self.cfg.max_age / 2
-                && assistant.can_resume_prefill(&self.system)
-        });
+        let worth = |f: &CachedFrame| {
+            f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_prefill(&self.system)
+        };
+        if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
+            // Given up: its runs are rested before anything new starts.
+            self.settle(now);
+        }
+        let resumable = self.stopped.clone().filter(|_| now >= self.rest_until);
         let Some(frame) = resumable.or_else(|| self.due(now)) else {
             return RunEnd::Fine;
         };
@@ -262,20 +278,26 @@ impl Prefiller {
         });
         let end = Instant::now();
         assistant.set_priority(self.cfg.ask_priority);
-        self.account(end - t0, end);
+        self.busy += end - t0;
+        self.unrested += end - t0;
         match ran {
             Ok(Ok(PrefillOutcome::Done(p))) => {
                 self.stats.done += 1;
                 self.stats.frame_arrival = Some(frame.arrival);
                 self.completed = Some((frame, Arc::new(p)));
-                self.stopped = None;
+                self.settle(end);
                 RunEnd::Fine
             }
             Ok(Ok(PrefillOutcome::Stopped)) => {
                 self.stats.stopped += 1;
-                // Tried again when the worker is idle next, from where it stopped.
+                // Tried again when the worker is idle next, from where it stopped, without a
+                // rest in between (its rest comes when it ends).
                 self.tried = None;
-                self.stopped = assistant.can_resume_prefill(&self.system).then_some(frame);
+                if assistant.can_resume_prefill(&self.system) {
+                    self.stopped = Some(frame);
+                } else {
+                    self.settle(end);
+                }
                 RunEnd::Fine
             }
             Ok(Err(e)) => self.failed(&e),
@@ -284,7 +306,7 @@ impl Prefiller {
     }
 
     fn failed(&mut self, e: &AssistantError) -> RunEnd {
-        self.stopped = None;
+        self.settle(Instant::now());
         match e {
             AssistantError::Engine(e) if e.backend_is_lost() => return RunEnd::Lost(e.to_string()),
             AssistantError::Engine(EngineError::NoVision) => {
@@ -294,18 +316,20 @@ impl Prefiller {
             _ => {
                 // Not retried at the camera's rate: a failure that repeats logs once a second.
                 tracing::warn!("latest-frame pre-fill failed: {e}");
-                self.rest_until = Instant::now() + Duration::from_secs(1);
+                self.rest_until = self.rest_until.max(Instant::now() + Duration::from_secs(1));
             }
         }
         RunEnd::Fine
     }
 
-    /// Rests so that pre-fills keep the BPU at most `duty` of the time: after `spent` busy,
-    /// `spent · (1 − duty) / duty` idle, from `now` (the pre-fill's end).
-    fn account(&mut self, spent: Duration, now: Instant) {
-        self.busy += spent;
+    /// Ends the stopped pre-fill, if any, and rests so that pre-fills keep the BPU at most
+    /// `duty` of the time: after the BPU time of a pre-fill's runs (all of them, when asks
+    /// stopped it in between), `time · (1 − duty) / duty` idle, from `now` (its end).
+    fn settle(&mut self, now: Instant) {
+        self.stopped = None;
         let duty = self.cfg.duty.clamp(0.01, 1.0);
-        self.rest_until = now + spent.mul_f64((1.0 - duty) / duty);
+        let rest = std::mem::take(&mut self.unrested).mul_f64((1.0 - duty) / duty);
+        self.rest_until = self.rest_until.max(now + rest);
     }
 
     /// Decides what a job is served from and makes its image the chosen frame (so the answer
@@ -332,12 +356,13 @@ impl Prefiller {
         // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
         // unless its frame is too old to be continued anyway (`run`).
         if !matches!(chosen, Some(Chosen::Resume)) {
-            let worth = |f: &CachedFrame| f.age(Instant::now()) < self.cfg.max_age / 2;
+            let now = Instant::now();
+            let worth = |f: &CachedFrame| f.age(now) < self.cfg.max_age / 2;
             if !self.stopped.as_ref().is_some_and(worth) {
-                self.stopped = None;
+                self.settle(now);
             } else if let Err(e) = assistant.park_prefill() {
                 tracing::warn!("the stopped pre-fill could not be kept: {e}");
-                self.stopped = None;
+                self.settle(now);
             }
         }
         chosen
@@ -401,6 +426,8 @@ impl Prefiller {
                         .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
                 };
                 let frame = self.stopped.take()?;
+                // The ask finishes the pre-fill: what ran of it in the background is rested.
+                self.settle(Instant::now());
                 match assistant.resume_prefill(&mut stop) {
                     Ok(PrefillOutcome::Done(p)) => {
                         self.stats.done += 1;
@@ -469,7 +496,8 @@ mod tests {
         // Duty 0.5: as long a rest as the pre-fill took, counted from its end.
         let spent = Duration::from_millis(400);
         let end = now + Duration::from_secs(3);
-        half.account(spent, end);
+        half.unrested = spent;
+        half.settle(end);
         assert_eq!(half.rest_until, end + spent);
         assert!(half.due(end + spent / 2).is_none(), "resting");
         assert_eq!(
@@ -482,12 +510,22 @@ mod tests {
         );
         // Duty 0.25: three times as long.
         let mut quarter = prefiller(0.25, now);
-        quarter.account(spent, end);
+        quarter.unrested = spent;
+        quarter.settle(end);
         assert_eq!(quarter.rest_until, end + spent * 3);
         let mut full = prefiller(1.0, now);
-        full.account(spent, end);
+        full.unrested = spent;
+        full.settle(end);
         assert_eq!(full.rest_until, end, "duty 1: none");
-        assert_eq!(full.busy, spent);
+        // A pre-fill stopped by asks rests for all of its runs once it ends, not after each:
+        // the ask that stopped it is not followed by a rest before it goes on.
+        let mut stopped = prefiller(0.5, now);
+        stopped.unrested = spent;
+        assert_eq!(stopped.rest_until, now, "no rest while it is stopped");
+        stopped.unrested += spent;
+        stopped.settle(end);
+        assert_eq!(stopped.rest_until, end + spent * 2);
+        assert_eq!(stopped.unrested, Duration::ZERO);
     }
 
     #[test]

@@ -350,6 +350,11 @@ fn serve_all(
                 }
                 Err(reason) => return serve_failed(reason, None, &jobs, &outputs, &stats),
             };
+            // What was pre-filled lived in the state the failure may have left half-made (or
+            // in the model now reopened): pre-fills start over.
+            if let Some(p) = prefiller.as_mut() {
+                p.forget();
+            }
         }
         update(&stats, |s| {
             s.state = WorkerState::Ready;

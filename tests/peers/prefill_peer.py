@@ -43,6 +43,14 @@ def diag_until(p, what, pred):
     raise AssertionError(f'diagnostics never showed {what}')
 
 
+def wait_for_callbacks(order, n):
+    """A future's done callbacks run on the executor after its result is set: the last ones may
+    still be on their way when `finish` returns."""
+    deadline = time.monotonic() + 10
+    while len(order) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def run(p, a):
     p.wait_ask()
     scene = {k: rgb8(load_rgb(f'scene_{k}.png')) for k in 'abc'}
@@ -106,6 +114,7 @@ def run(p, a):
         served += 1
     stop_b.set()
     t_b.join()
+    wait_for_callbacks(order, len(pending))
     rep['order'] = list(order)
     rep['d_strict'] = diag_with_served(p, served)
     stamp = rep['Y']['response']['image_stamp']
@@ -141,6 +150,7 @@ def run(p, a):
     for rid, req, fut in pending:
         rep[rid] = p.finish(req, fut)
         served += 1
+    wait_for_callbacks(order, len(pending))
     rep['queued_order'] = list(order)
     diag_with_served(p, served)
     stop.set()

@@ -35,9 +35,9 @@ pub struct ImagePrefill {
     id: u64,
     /// The system block's text ([`crate::chat::ChatTemplate::system_text`]).
     system: String,
-    state: StateBlob,
-    /// The same state kept on the device ([`Backend::keep`]), while the backend keeps it.
-    kept: Option<u64>,
+    /// Kept on the device ([`Backend::keep`]) — until a newer pre-fill is kept instead —, or
+    /// a snapshot where the backend keeps none.
+    state: Stored,
     /// Rows of the turn (system block, user header, image block), the lead's included.
     rows: usize,
     /// The head's rows not in the state (`[n, hidden]`) and their positions: fed in front of
@@ -49,7 +49,11 @@ pub struct ImagePrefill {
 impl ImagePrefill {
     /// Bytes held by the snapshot.
     pub fn size_bytes(&self) -> usize {
-        self.state.size_bytes() + std::mem::size_of_val(self.lead_rows.as_slice())
+        let state = match &self.state {
+            Stored::Device(_) => 0,
+            Stored::Host(blob) => blob.size_bytes(),
+        };
+        state + std::mem::size_of_val(self.lead_rows.as_slice())
     }
 
     /// Rows of the turn's head: the system block, the user header and the image block, the
@@ -76,6 +80,13 @@ pub(super) struct Partial {
     /// The state where it stopped, kept ([`Assistant::park_prefill`]) before another turn
     /// used the backend.
     parked: Option<Parked>,
+}
+
+/// Where a completed pre-fill's state is.
+#[derive(Debug, Clone)]
+enum Stored {
+    Device(u64),
+    Host(StateBlob),
 }
 
 /// Where a stopped pre-fill's state is kept while another turn uses the backend.
@@ -304,18 +315,27 @@ impl Assistant {
             self.partial = Some(p);
             return Ok(PrefillOutcome::Stopped);
         }
-        let state = backend.snapshot()?;
-        let kept = backend.keep();
-        self.snapshots += 1;
+        // Kept on the device, no snapshot is taken: the ask that waits for this last graph
+        // call does not wait for a copy too.
+        let state = match backend.keep() {
+            Some(id) => Stored::Device(id),
+            None => {
+                self.snapshots += 1;
+                Stored::Host(backend.snapshot()?)
+            }
+        };
         let rows = p.base + p.positions.len();
         let lead = p.positions.len() - p.end;
-        tracing::debug!(rows, lead, bytes = state.size_bytes(), "image pre-filled");
+        let (on_device, bytes) = match &state {
+            Stored::Device(_) => (true, 0),
+            Stored::Host(blob) => (false, blob.size_bytes()),
+        };
+        tracing::debug!(rows, lead, on_device, bytes, "image pre-filled");
         self.resident = Resident::Prefill(p.id);
         Ok(PrefillOutcome::Done(ImagePrefill {
             id: p.id,
             system: p.system,
             state,
-            kept,
             rows,
             lead_rows: p.rows.split_off(p.end * h),
             lead_positions: p.positions.split_off(p.end),
@@ -353,9 +373,19 @@ impl Assistant {
             self.resident = Resident::Unknown;
             let backend = self.engine.backend_mut();
             // Kept on the device: a switch of cache sets; else the copy back.
-            if !prefill.kept.is_some_and(|id| backend.resume_kept(id)) {
-                backend.restore(&prefill.state)?;
-                self.restores += 1;
+            match &prefill.state {
+                Stored::Device(id) => {
+                    if !backend.resume_kept(*id) {
+                        return Err(AssistantError::Turn(
+                            "the pre-filled state is no longer kept: a newer pre-fill replaced it"
+                                .into(),
+                        ));
+                    }
+                }
+                Stored::Host(blob) => {
+                    backend.restore(blob)?;
+                    self.restores += 1;
+                }
             }
         }
         self.resident = Resident::Unknown;
