@@ -270,6 +270,7 @@ fn serve_all(
                                     return serve_failed(reason, pending, &jobs, &outputs, &stats)
                                 }
                             };
+                            p.forget();
                         }
                     }
                     let ps = p.stats();

@@ -91,7 +91,11 @@ impl BpuBackend {
     pub(crate) fn free_a_set(&mut self) -> Result<(), EngineError> {
         let free = (0..self.sets.len()).any(|i| i != self.current && !self.protected(i));
         if !free {
-            self.move_parked_to_host()?;
+            // Only background work is at stake: the run or restore that needs the set goes on.
+            if let Err(e) = self.move_parked_to_host() {
+                tracing::warn!("the parked state could not be moved to the host ({e}): dropped");
+                self.release_parked();
+            }
         }
         Ok(())
     }

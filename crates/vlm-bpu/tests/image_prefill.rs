@@ -148,6 +148,10 @@ fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
         // Kept: a switch of cache sets each time; else the pre-filled state is copied back.
         let expect = if keep_set { vec![0, 0] } else { vec![1, 1] };
         assert_eq!(copies, expect, "keep_set {keep_set}");
+        // A newer pre-fill replaces a kept one, which then fits no ask; a snapshot stays good.
+        let newer = done(a.prefill_image(&opts(None), &other, &mut || false).unwrap());
+        assert!(a.prefill_fits(&newer, &q));
+        assert_eq!(a.prefill_fits(&p, &q), !keep_set, "keep_set {keep_set}");
     }
 }
 

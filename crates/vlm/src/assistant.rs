@@ -287,6 +287,8 @@ pub struct Assistant {
     partial: Option<prefill::Partial>,
     /// The memory of the last parked pre-fill state, for the next park (an ask waits for it).
     spare_state: Option<StateBlob>,
+    /// The pre-fill whose state the backend keeps on the device ([`ImagePrefill`]).
+    kept_prefill: Option<u64>,
     resident: Resident,
     /// Decode-state snapshots taken (conversations kept and system prefixes cached).
     snapshots: u64,
@@ -403,6 +405,7 @@ impl Assistant {
             prefix: prefix_cache::PrefixCache::new(usize::MAX),
             partial: None,
             spare_state: None,
+            kept_prefill: None,
             resident: Resident::Unknown,
             snapshots: 0,
             restores: 0,
@@ -456,8 +459,9 @@ impl Assistant {
     }
 
     /// Decode states copied back into the device so far (a conversation, a cached system
-    /// block, a pre-filled frame, a parked pre-fill); one made current again where the device
-    /// kept it ([`crate::engine::Backend::keep`]) is not counted: no copy.
+    /// block, a pre-filled frame, a parked pre-fill's snapshot); one the device kept or parked
+    /// ([`crate::engine::Backend::keep`], [`crate::engine::Backend::park`]) is not counted, even
+    /// when the backend had to move a parked one out and back.
     pub fn restores(&self) -> u64 {
         self.restores
     }

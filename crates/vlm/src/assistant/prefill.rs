@@ -317,7 +317,9 @@ impl Assistant {
         }
         // Kept on the device, no snapshot is taken: the ask that waits for this last graph
         // call does not wait for a copy too.
-        let state = match backend.keep() {
+        let kept = backend.keep();
+        self.kept_prefill = kept;
+        let state = match kept {
             Some(id) => Stored::Device(id),
             None => {
                 self.snapshots += 1;
@@ -342,13 +344,19 @@ impl Assistant {
         }))
     }
 
-    /// Whether `turn` (fresh, about the pre-filled image) has the system block of `prefill`.
+    /// Whether `turn` (fresh, about the pre-filled image) has the system block of `prefill`,
+    /// and the pre-filled state is still to be had (one kept on the device is replaced by the
+    /// next pre-fill kept there, and gone with a reopened model).
     pub fn prefill_fits(&self, prefill: &ImagePrefill, turn: &Turn) -> bool {
         let opts = SystemOptions {
             system: turn.system.clone(),
             tools: turn.tools.clone(),
         };
-        self.template.system_text(&opts).ok().as_deref() == Some(prefill.system.as_str())
+        let held = match prefill.state {
+            Stored::Device(id) => self.kept_prefill == Some(id),
+            Stored::Host(_) => true,
+        };
+        held && self.template.system_text(&opts).ok().as_deref() == Some(prefill.system.as_str())
     }
 
     /// Answers a fresh `turn` about the pre-filled image: its state is restored and only the
