@@ -54,20 +54,26 @@ impl BpuBackend {
 
     /// Makes the kept state `id` current again; false when another one (or none) is kept.
     pub(crate) fn resume(&mut self, id: u64) -> bool {
-        let Some(k) = self.kept.as_ref().filter(|k| k.id == id) else {
+        let Some(k) = self.kept.take_if(|k| k.id == id) else {
             return false;
         };
-        self.current = k.set;
-        self.consumed = k.consumed;
-        self.max_pos = k.max_pos;
-        self.logit_image.copy_from_slice(&k.logit_image);
+        self.switch_to(k.set, k.consumed, k.max_pos, &k.logit_image);
+        self.kept = Some(k);
+        true
+    }
+
+    /// Makes the state in `set` current (no copy): what the set alone does not hold.
+    fn switch_to(&mut self, set: usize, consumed: usize, max_pos: Option<u32>, logit_image: &[u8]) {
+        self.current = set;
+        self.consumed = consumed;
+        self.max_pos = max_pos;
+        self.logit_image.copy_from_slice(logit_image);
         self.image_in_decode_buffer = false;
-        if self.consumed > 0 {
+        if consumed > 0 {
             self.logits_from_image();
         } else {
             self.logits_at = crate::logits::LogitsAt::Nowhere;
         }
-        true
     }
 }
 
@@ -156,18 +162,7 @@ impl BpuBackend {
             return Ok(false);
         };
         match (p.set, p.copy) {
-            (Some(set), _) => {
-                self.current = set;
-                self.consumed = p.consumed;
-                self.max_pos = p.max_pos;
-                self.logit_image.copy_from_slice(&p.logit_image);
-                self.image_in_decode_buffer = false;
-                if self.consumed > 0 {
-                    self.logits_from_image();
-                } else {
-                    self.logits_at = crate::logits::LogitsAt::Nowhere;
-                }
-            }
+            (Some(set), _) => self.switch_to(set, p.consumed, p.max_pos, &p.logit_image),
             (None, Some(copy)) => {
                 let loaded = self.load_state(&copy);
                 self.park_spare = Some(copy);
