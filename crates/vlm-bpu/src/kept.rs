@@ -1,7 +1,11 @@
-//! One decode state kept on the device, and one parked there ([`vlm::engine::Backend::keep`]): it stays in its cache
-//! set, which no run writes, so making it current again is a switch of sets, not a copy of
-//! the ~60 MB state. A latest-frame pre-fill is kept so that every ask about its frame starts
-//! from it at once, whatever ran in between (other asks, a parked pre-fill, a restore).
+//! One decode state kept on the device ([`vlm::engine::Backend::keep`]) and one parked there
+//! ([`vlm::engine::Backend::park`]). A kept state stays in its cache set, which no run
+//! writes, so making it current again is a switch of sets, not a copy of the ~60 MB state:
+//! a latest-frame pre-fill is kept so that every ask about its frame starts from it at once,
+//! whatever ran in between. A parked state stays in its set until a run or a restore needs
+//! the set, and only then is copied to the host, so the copy is not on the way of the work
+//! that displaced it (an ask's first token), and not made at all when the state is taken up
+//! again before.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -10,10 +14,11 @@ use vlm::engine::{EngineError, StateBlob};
 use crate::state::SavedAt;
 use crate::BpuBackend;
 
-static NEXT_KEPT: AtomicU64 = AtomicU64::new(1);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// What the set alone does not hold: `P`, `maxPos` and the decode-logits image.
-pub(crate) struct Kept {
+/// A state left in cache set `set`, with what the set alone does not hold: `P`, `maxPos` and
+/// the decode-logits image.
+pub(crate) struct InSet {
     id: u64,
     set: usize,
     consumed: usize,
@@ -21,154 +26,137 @@ pub(crate) struct Kept {
     logit_image: Vec<u8>,
 }
 
+/// The kept state.
+pub(crate) struct Kept(InSet);
+
 impl Kept {
     pub(crate) fn set(&self) -> usize {
-        self.set
+        self.0.set
+    }
+}
+
+/// The parked state: in its set, or moved to `copy`.
+pub(crate) struct Parked {
+    state: InSet,
+    copy: Option<StateBlob>,
+}
+
+impl Parked {
+    /// Its set while it is there.
+    pub(crate) fn set(&self) -> Option<usize> {
+        self.copy.is_none().then_some(self.state.set)
     }
 }
 
 impl BpuBackend {
-    /// Keeps the current state in its set (replacing the state kept before); `None` without
-    /// a third set ([`crate::BpuOptions::keep_set`]): two sets are both needed by every run.
-    pub(crate) fn keep_current(&mut self) -> Option<u64> {
+    /// The current state as it lies in its set, under a new id; `None` without a third set
+    /// ([`crate::BpuOptions::keep_set`]): two sets are both needed by every run.
+    fn in_set(&mut self, what: &str) -> Option<InSet> {
         if self.sets.len() < 3 {
             return None;
         }
         self.materialise_image();
-        let id = NEXT_KEPT.fetch_add(1, Ordering::Relaxed);
-        self.kept = Some(Kept {
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            id,
+            set = self.current,
+            consumed = self.consumed,
+            "state {what}"
+        );
+        Some(InSet {
             id,
             set: self.current,
             consumed: self.consumed,
             max_pos: self.max_pos,
             logit_image: self.logit_image.clone(),
-        });
-        tracing::debug!(
-            id,
-            set = self.current,
-            consumed = self.consumed,
-            "state kept"
-        );
-        Some(id)
+        })
     }
 
-    /// Makes the kept state `id` current again; false when another one (or none) is kept.
-    pub(crate) fn resume(&mut self, id: u64) -> bool {
-        let Some(k) = self.kept.take_if(|k| k.id == id) else {
-            return false;
-        };
-        self.switch_to(k.set, k.consumed, k.max_pos, &k.logit_image);
-        self.kept = Some(k);
-        true
-    }
-
-    /// Makes the state in `set` current (no copy): what the set alone does not hold.
-    fn switch_to(&mut self, set: usize, consumed: usize, max_pos: Option<u32>, logit_image: &[u8]) {
-        self.current = set;
-        self.consumed = consumed;
-        self.max_pos = max_pos;
-        self.logit_image.copy_from_slice(logit_image);
+    /// Makes the state `s` current (no copy).
+    fn switch_to(&mut self, s: &InSet) {
+        self.current = s.set;
+        self.consumed = s.consumed;
+        self.max_pos = s.max_pos;
+        self.logit_image.copy_from_slice(&s.logit_image);
         self.image_in_decode_buffer = false;
-        if consumed > 0 {
+        if s.consumed > 0 {
             self.logits_from_image();
         } else {
             self.logits_at = crate::logits::LogitsAt::Nowhere;
         }
     }
-}
 
-/// A state parked in its set ([`vlm::engine::Backend::park`]): it stays there until a run or
-/// a restore needs the set, and only then is copied to the host, so the copy is not on the
-/// way of the work that displaced it (an ask's first token), and not made at all when the
-/// state is taken up again before.
-pub(crate) struct Parked {
-    id: u64,
-    /// Its set while it is there; `None` once moved to `copy`.
-    set: Option<usize>,
-    consumed: usize,
-    max_pos: Option<u32>,
-    logit_image: Vec<u8>,
-    copy: Option<StateBlob>,
-}
-
-impl Parked {
-    pub(crate) fn set(&self) -> Option<usize> {
-        self.set
+    /// Keeps the current state in its set (replacing the state kept before).
+    pub(crate) fn keep_current(&mut self) -> Option<u64> {
+        let s = self.in_set("kept")?;
+        let id = s.id;
+        self.kept = Some(Kept(s));
+        Some(id)
     }
-}
 
-impl BpuBackend {
+    /// Makes the kept state `id` current again; false when another one (or none) is kept.
+    pub(crate) fn resume(&mut self, id: u64) -> bool {
+        let Some(k) = self.kept.take_if(|k| k.0.id == id) else {
+            return false;
+        };
+        self.switch_to(&k.0);
+        self.kept = Some(k);
+        true
+    }
+
     /// Parks the current state where it is (replacing one parked before); `None` without a
     /// third set, or when it is the kept state (already safe).
     pub(crate) fn park_current(&mut self) -> Option<u64> {
-        if self.sets.len() < 3 || self.kept.as_ref().map(Kept::set) == Some(self.current) {
+        if self.kept.as_ref().map(Kept::set) == Some(self.current) {
             return None;
         }
+        let s = self.in_set("parked")?;
         self.release_parked();
-        self.materialise_image();
-        let id = NEXT_KEPT.fetch_add(1, Ordering::Relaxed);
+        let id = s.id;
         self.parked = Some(Parked {
-            id,
-            set: Some(self.current),
-            consumed: self.consumed,
-            max_pos: self.max_pos,
-            logit_image: self.logit_image.clone(),
+            state: s,
             copy: None,
         });
-        tracing::debug!(
-            id,
-            set = self.current,
-            consumed = self.consumed,
-            "state parked"
-        );
         Some(id)
     }
 
     /// Copies the parked state to the host and frees its set.
     pub(crate) fn move_parked_to_host(&mut self) -> Result<(), EngineError> {
-        let Some(p) = self.parked.take() else {
-            return Ok(());
-        };
-        let Some(set) = p.set else {
-            self.parked = Some(p);
+        let Some(mut p) = self.parked.take_if(|p| p.copy.is_none()) else {
             return Ok(());
         };
         let at = SavedAt {
-            set,
-            consumed: p.consumed,
-            max_pos: p.max_pos,
+            set: p.state.set,
+            consumed: p.state.consumed,
+            max_pos: p.state.max_pos,
         };
         let spare = self.park_spare.take();
-        let copy = match self.save_set(&at, &p.logit_image, spare) {
-            Ok(c) => c,
-            Err(e) => {
-                self.parked = Some(p);
-                return Err(e);
-            }
-        };
-        tracing::debug!(id = p.id, "parked state moved to the host");
-        self.parked = Some(Parked {
-            set: None,
-            copy: Some(copy),
-            ..p
-        });
-        Ok(())
+        let saved = self.save_set(&at, &p.state.logit_image, spare);
+        if let Ok(copy) = &saved {
+            tracing::debug!(
+                id = p.state.id,
+                bytes = copy.size_bytes(),
+                "parked state moved to the host"
+            );
+        }
+        let result = saved.map(|copy| p.copy = Some(copy));
+        self.parked = Some(p);
+        result
     }
 
     /// Makes the parked state `id` current again: a switch of sets while it is in its own,
     /// else its copy restored. `Ok(false)` when another one (or none) is parked.
     pub(crate) fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
-        let Some(p) = self.parked.take_if(|p| p.id == id) else {
+        let Some(p) = self.parked.take_if(|p| p.state.id == id) else {
             return Ok(false);
         };
-        match (p.set, p.copy) {
-            (Some(set), _) => self.switch_to(set, p.consumed, p.max_pos, &p.logit_image),
-            (None, Some(copy)) => {
+        match p.copy {
+            None => self.switch_to(&p.state),
+            Some(copy) => {
                 let loaded = self.load_state(&copy);
                 self.park_spare = Some(copy);
                 loaded?;
             }
-            (None, None) => return Ok(false),
         }
         Ok(true)
     }
