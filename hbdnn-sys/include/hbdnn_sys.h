@@ -1,7 +1,7 @@
 /*
  * hbdnn_sys.h - declarations of the hbDNN / hbUCP C API subset that bpu_vlm calls,
  * written for this project from the documented S100 signatures, struct layouts and
- * enum values (the project's hbdnn-api.md reference notes).
+ * enum values (restated in docs/package-contract.md §9).
  * It is not derived from the vendor headers; constant names for status codes are
  * this project's spelling, their values are the documented ones.
  *

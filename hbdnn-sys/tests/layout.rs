@@ -1,4 +1,4 @@
-//! Documented S100 sizes and offsets (hbdnn-api.md §4), checked at test time too so a failure
+//! Documented S100 sizes and offsets (docs/package-contract.md §9.2), checked at test time too so a failure
 //! names the field.
 use hbdnn_sys::*;
 use std::mem::{align_of, offset_of, size_of};

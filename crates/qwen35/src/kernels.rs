@@ -1,5 +1,5 @@
 //! Matrix products through the `gemm` crate. This is the crate's one compute module allowed
-//! `unsafe` (STYLE.md: "an optional SIMD module in qwen35"): `gemm::gemm` takes raw pointers,
+//! `unsafe` (docs/conventions.md, "Where `unsafe` is allowed"): `gemm::gemm` takes raw pointers,
 //! so every call goes through [`gemm_into`], which checks all strided extents first; the
 //! bf16-weight kernels (SIMD intrinsics) live in the submodule [`bf16`].
 #![allow(unsafe_code)]

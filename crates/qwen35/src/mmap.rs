@@ -1,4 +1,4 @@
-//! The one memory-map module of the crate (STYLE.md: `unsafe` is allowed here only).
+//! The one memory-map module of the crate (docs/conventions.md: `unsafe` is allowed here).
 #![allow(unsafe_code)]
 
 use std::fs::File;

@@ -1,9 +1,10 @@
-//! bf16 weights × f32 activations, the crate's one SIMD module (STYLE.md: "an optional SIMD
-//! module in qwen35"; `unsafe` only for the intrinsics, each block with a `// SAFETY:` note).
+//! bf16 weights × f32 activations, the crate's one SIMD module (docs/conventions.md allows
+//! `unsafe` here, only for the intrinsics, each block with a `// SAFETY:` note).
 //!
 //! Why a hand-written kernel: no GEMM crate multiplies bf16 by f32, and widening a whole
 //! checkpoint to f32 doubles its memory and the bytes a decode step streams
-//! (`crate-notes.md` §4). Two shapes, both exact f32 arithmetic on the widened bf16 values:
+//! (no maintained Rust GEMM crate takes bf16 × f32: gemm 0.19 is f32/f64/c32/c64/f16). Two
+//! shapes, both exact f32 arithmetic on the widened bf16 values:
 //! - decode GEMV (`n = 1`): reads bf16 rows straight from memory (the bandwidth-bound case),
 //!   with the instruction set picked at run time ([`Isa::detect`]): AVX-512F or AVX2+FMA on
 //!   x86_64, NEON on aarch64, a portable scalar loop elsewhere. On the dev VM the AVX-512 loop
@@ -108,7 +109,7 @@ impl Isa {
 }
 
 /// Widens bf16 to f32 exactly (the shift is the definition of bf16; `half`'s `to_f32` adds a
-/// NaN branch that slows vector loops, `crate-notes.md` §4).
+/// NaN branch that slows vector loops).
 #[inline(always)]
 pub fn widen(b: bf16) -> f32 {
     f32::from_bits(u32::from(b.to_bits()) << 16)
