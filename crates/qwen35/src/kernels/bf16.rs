@@ -3,8 +3,8 @@
 //!
 //! Why a hand-written kernel: no GEMM crate multiplies bf16 by f32, and widening a whole
 //! checkpoint to f32 doubles its memory and the bytes a decode step streams
-//! (no maintained Rust GEMM crate takes bf16 × f32: gemm 0.19 is f32/f64/c32/c64/f16). Two
-//! shapes, both exact f32 arithmetic on the widened bf16 values:
+//! (gemm 0.19, for one, is f32/f64/c32/c64/f16). Two shapes, both exact f32 arithmetic on
+//! the widened bf16 values:
 //! - decode GEMV (`n = 1`): reads bf16 rows straight from memory (the bandwidth-bound case),
 //!   with the instruction set picked at run time ([`Isa::detect`]): AVX-512F or AVX2+FMA on
 //!   x86_64, NEON on aarch64, a portable scalar loop elsewhere. On the dev VM the AVX-512 loop
