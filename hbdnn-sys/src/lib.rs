@@ -197,21 +197,43 @@ pub enum LoadError {
     },
     /// Two different files of one board library are mapped: libdnn's calls and ours could go
     /// to different copies, and a task made by one would be handed to the other.
-    #[error("two different copies of {library} are loaded: {} and {}; a task made by one copy would be handed to the other. LD_LIBRARY_PATH is {ld_library_path}: unset it (or drop the SDK folder from it) so that every board library comes from {}", first.display(), second.display(), lib_dir.display())]
-    TwoCopies {
-        library: String,
-        first: PathBuf,
-        second: PathBuf,
-        /// `LD_LIBRARY_PATH` at start-up (`unset` when it was not set).
-        ld_library_path: String,
-        lib_dir: PathBuf,
-    },
+    #[error("{0}")]
+    TwoCopies(Box<TwoCopies>),
     /// A table given to [`FnTable::from_raw`] has an empty entry.
     #[error("function table from {source_name} has no entry for {symbol}")]
     MissingEntry {
         source_name: String,
         symbol: &'static str,
     },
+}
+
+/// Two different copies of one board library, as [`LoadError::TwoCopies`] reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwoCopies {
+    /// `libdnn`, `libhbucp`, `libhbrt4`, `libhbtl`, …
+    pub library: String,
+    pub first: PathBuf,
+    pub second: PathBuf,
+    /// `LD_LIBRARY_PATH` at start-up, quoted (`unset` when it was not set).
+    pub ld_library_path: String,
+    /// The library directory every board library should come from.
+    pub lib_dir: PathBuf,
+}
+
+impl fmt::Display for TwoCopies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "two different copies of {} are loaded: {} and {}; a task made by one copy would \
+             be handed to the other. LD_LIBRARY_PATH is {}: unset it (or drop the SDK folder \
+             from it) so that every board library comes from {}",
+            self.library,
+            self.first.display(),
+            self.second.display(),
+            self.ld_library_path,
+            self.lib_dir.display()
+        )
+    }
 }
 
 /// Where a [`FnTable`]'s entries come from.
@@ -401,14 +423,14 @@ fn check_mapped(dir: &Path) -> Result<Vec<MappedLibrary>, LoadError> {
         tracing::info!(library = %l.library, path = %l.path.display(), "board library mapped");
     }
     if let Some((library, first, second)) = two_copies(&mapped) {
-        return Err(LoadError::TwoCopies {
+        return Err(LoadError::TwoCopies(Box::new(TwoCopies {
             library,
             first,
             second,
             ld_library_path: std::env::var("LD_LIBRARY_PATH")
                 .map_or_else(|_| "unset".to_owned(), |v| format!("{v:?}")),
             lib_dir: dir.to_owned(),
-        });
+        })));
     }
     for l in maps::outside(&mapped, dir) {
         tracing::warn!(

@@ -246,6 +246,30 @@ pub struct RuntimeInfo {
     pub soc: String,
     /// Optional entry points the library lacks (their fallbacks are in use).
     pub missing_entry_points: Vec<&'static str>,
+    /// Every board runtime library file mapped in this process (`/proc/self/maps`), by
+    /// library: what really runs, whatever `LD_LIBRARY_PATH` did. Empty under the simulator.
+    pub mapped_libraries: Vec<MappedLibraryEntry>,
+}
+
+/// One mapped board library file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MappedLibraryEntry {
+    /// `libdnn`, `libhbucp`, `libhbrt4`, `libhbtl`, …
+    pub library: String,
+    pub path: PathBuf,
+}
+
+/// The mapped libraries grouped by library (stable order), for reports.
+fn mapped_entries(libs: &[hbdnn::MappedLibrary]) -> Vec<MappedLibraryEntry> {
+    let mut v: Vec<MappedLibraryEntry> = libs
+        .iter()
+        .map(|l| MappedLibraryEntry {
+            library: l.library.clone(),
+            path: l.path.clone(),
+        })
+        .collect();
+    v.sort_by(|a, b| a.library.cmp(&b.library));
+    v
 }
 
 impl RuntimeInfo {
@@ -265,6 +289,7 @@ impl RuntimeInfo {
             ucp_version: v.ucp,
             soc: v.soc,
             missing_entry_points: rt.missing_entry_points(),
+            mapped_libraries: mapped_entries(&rt.mapped_libraries()),
         }
     }
 
