@@ -59,6 +59,9 @@ pub mod board_fns {
     include!(concat!(env!("OUT_DIR"), "/board_fns.rs"));
 }
 
+mod maps;
+pub use maps::{board_library, mapped_libraries, parse_maps, two_copies, MappedLibrary};
+
 use std::ffi::c_void;
 use std::fmt;
 use std::mem::{offset_of, size_of};
@@ -192,12 +195,45 @@ pub enum LoadError {
         symbol: &'static str,
         reason: String,
     },
+    /// Two different files of one board library are mapped: libdnn's calls and ours could go
+    /// to different copies, and a task made by one would be handed to the other.
+    #[error("{0}")]
+    TwoCopies(Box<TwoCopies>),
     /// A table given to [`FnTable::from_raw`] has an empty entry.
     #[error("function table from {source_name} has no entry for {symbol}")]
     MissingEntry {
         source_name: String,
         symbol: &'static str,
     },
+}
+
+/// Two different copies of one board library, as [`LoadError::TwoCopies`] reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TwoCopies {
+    /// `libdnn`, `libhbucp`, `libhbrt4`, `libhbtl`, …
+    pub library: String,
+    pub first: PathBuf,
+    pub second: PathBuf,
+    /// `LD_LIBRARY_PATH` at start-up, quoted (`unset` when it was not set).
+    pub ld_library_path: String,
+    /// The library directory every board library should come from.
+    pub lib_dir: PathBuf,
+}
+
+impl fmt::Display for TwoCopies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "two different copies of {} are loaded: {} and {}; a task made by one copy would \
+             be handed to the other. LD_LIBRARY_PATH is {}: unset it (or drop the SDK folder \
+             from it) so that every board library comes from {}",
+            self.library,
+            self.first.display(),
+            self.second.display(),
+            self.ld_library_path,
+            self.lib_dir.display()
+        )
+    }
 }
 
 /// Where a [`FnTable`]'s entries come from.
@@ -225,6 +261,8 @@ impl fmt::Display for TableSource {
 pub struct FnTable {
     raw: hbdnn_sys_fn_table,
     source: TableSource,
+    /// The board libraries mapped once the table was loaded (empty for an in-process table).
+    mapped: Vec<MappedLibrary>,
     _libs: Option<Arc<[libloading::Library; 2]>>,
 }
 
@@ -256,6 +294,7 @@ impl FnTable {
             source: TableSource::InProcess {
                 name: source_name.to_owned(),
             },
+            mapped: Vec::new(),
             _libs: None,
         })
     }
@@ -267,23 +306,39 @@ impl FnTable {
             .unwrap_or_else(|| PathBuf::from(DEFAULT_LIB_DIR))
     }
 
-    /// Loads `libdnn.so` then `libhbucp.so` from `lib_dir` (default [`Self::board_lib_dir`])
+    /// Loads `libhbucp.so` then `libdnn.so` from `lib_dir` (default [`Self::board_lib_dir`])
     /// and resolves every entry point. A missing library or required symbol is an error naming
     /// it; a missing [optional](OPTIONAL_ENTRY_POINTS) one leaves its entry `None` (logged).
+    /// Two different copies of one board library mapped afterwards ([`LoadError::TwoCopies`])
+    /// is an error too, before any graph can run.
     pub fn load_board(lib_dir: Option<&Path>) -> Result<Self, LoadError> {
         let dir = lib_dir.map_or_else(Self::board_lib_dir, Path::to_path_buf);
-        // libdnn is opened first so that a machine without the runtime reports libdnn.so, the
-        // library users know; libhbucp next, so hbUCP* resolve from the file we name.
-        let dnn = open(&dir, LIBDNN)?;
+        // A machine without the runtime reports libdnn.so, the library users know.
+        let dnn_path = dir.join(LIBDNN);
+        if !dnn_path.exists() {
+            return Err(LoadError::Library {
+                library: LIBDNN,
+                path: dnn_path,
+                reason: "no such file".into(),
+            });
+        }
+        // libhbucp first, by absolute path: libdnn's own dependency on it is then satisfied by
+        // this already-loaded object (the loader matches a needed name against the sonames of
+        // loaded objects before searching LD_LIBRARY_PATH), so an SDK folder in
+        // LD_LIBRARY_PATH cannot slip a second copy in. The hbUCP* entries are then looked up
+        // through libdnn's handle, which searches libdnn and its dependency tree: whichever
+        // copy libdnn ended up with, our calls go to the same one. The mapped-library check
+        // below catches what neither step can (another library's second copy, a libhbucp
+        // without a matching soname).
         let ucp = open(&dir, LIBHBUCP)?;
+        let dnn = open(&dir, LIBDNN)?;
         let mut raw = hbdnn_sys_fn_table::default();
         macro_rules! resolve {
             ($f:ident, $lib:ident) => {
-                let lib = if $lib == LIBDNN { &dnn } else { &ucp };
                 // SAFETY: the symbol is declared with this exact C signature in our header,
-                // written from the documented S100 API; the library stays loaded as long as
-                // the table (it is stored in `_libs`).
-                let found = unsafe { symbol(lib, &dir, $lib, stringify!($f)) };
+                // written from the documented S100 API; both libraries stay loaded as long as
+                // the table (they are stored in `_libs`).
+                let found = unsafe { resolve_entry(&dnn, &ucp, &dir, $lib, stringify!($f)) };
                 raw.$f = match found {
                     Ok(f) => f,
                     Err(e) if is_optional(stringify!($f)) => {
@@ -295,12 +350,21 @@ impl FnTable {
             };
         }
         for_each_entry!(resolve);
+        let mapped = check_mapped(&dir)?;
         tracing::debug!(dir = %dir.display(), "loaded hbDNN/hbUCP board libraries");
         Ok(Self {
             raw,
             source: TableSource::Board { lib_dir: dir },
+            mapped,
             _libs: Some(Arc::new([dnn, ucp])),
         })
+    }
+
+    /// The board runtime libraries mapped when the table was loaded (`/proc/self/maps`):
+    /// every `libdnn`, `libhbucp`, `libhbrt*` and `libhbtl` file. Empty for an in-process
+    /// table.
+    pub fn mapped_libraries(&self) -> &[MappedLibrary] {
+        &self.mapped
     }
 
     /// The raw table. Every entry is `Some` (checked at construction) except possibly the
@@ -324,6 +388,59 @@ fn open(dir: &Path, library: &'static str) -> Result<libloading::Library, LoadEr
         path,
         reason: e.to_string(),
     })
+}
+
+/// Resolves entry `name` of `library`: hbDNN* from libdnn; hbUCP* through libdnn's handle
+/// (its dependency tree, so the copy libdnn itself calls), else from the libhbucp we opened
+/// (a libdnn that does not link libhbucp cannot cross tasks with it).
+///
+/// # Safety
+/// As [`symbol`].
+unsafe fn resolve_entry<T: Copy>(
+    dnn: &libloading::Library,
+    ucp: &libloading::Library,
+    dir: &Path,
+    library: &'static str,
+    name: &'static str,
+) -> Result<T, LoadError> {
+    // SAFETY: guaranteed by the caller.
+    let via_dnn = unsafe { symbol(dnn, dir, library, name) };
+    if library == LIBDNN {
+        return via_dnn;
+    }
+    via_dnn.or_else(|e| {
+        tracing::debug!(error = %e, "{name} not reachable through libdnn; taken from {LIBHBUCP}");
+        // SAFETY: guaranteed by the caller.
+        unsafe { symbol(ucp, dir, library, name) }
+    })
+}
+
+/// Lists the mapped board libraries (info), warns about those from another folder than
+/// `dir`, and refuses two copies of one.
+fn check_mapped(dir: &Path) -> Result<Vec<MappedLibrary>, LoadError> {
+    let mapped = mapped_libraries();
+    for l in &mapped {
+        tracing::info!(library = %l.library, path = %l.path.display(), "board library mapped");
+    }
+    if let Some((library, first, second)) = two_copies(&mapped) {
+        return Err(LoadError::TwoCopies(Box::new(TwoCopies {
+            library,
+            first,
+            second,
+            ld_library_path: std::env::var("LD_LIBRARY_PATH")
+                .map_or_else(|_| "unset".to_owned(), |v| format!("{v:?}")),
+            lib_dir: dir.to_owned(),
+        })));
+    }
+    for l in maps::outside(&mapped, dir) {
+        tracing::warn!(
+            library = %l.library,
+            path = %l.path.display(),
+            lib_dir = %dir.display(),
+            "board library loaded from another folder than the library directory (LD_LIBRARY_PATH?)"
+        );
+    }
+    Ok(mapped)
 }
 
 /// Resolves `name` and reinterprets the address as the table field's function-pointer type.

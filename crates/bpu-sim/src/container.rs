@@ -100,6 +100,14 @@ pub struct TextParams {
     /// the input side (the size-1 head dim's), describing the same bytes.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cache_out_strides: bool,
+    /// Bytes the cache tensors' `alignedByteSize` reports beyond `stride[0] × dim[0]` (0:
+    /// none), as a board graph may pad its allocation: the runtime must allocate that much.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_aligned_extra: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Where a padded prefill graph expects the `N − t` pad rows of a chunk with `t` real rows.

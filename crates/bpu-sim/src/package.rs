@@ -284,6 +284,7 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         dynamic_strides: o.dynamic_strides,
         logits_per_axis: o.quant_axis,
         cache_out_strides: o.cache_out_strides,
+        cache_aligned_extra: 0,
     };
     let prefill = TextParams {
         rows: o.prefill_chunk,

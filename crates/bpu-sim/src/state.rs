@@ -517,16 +517,25 @@ fn build_graphs(file: &std::path::Path, c: &Container) -> Result<Vec<Box<GraphIn
         })?;
         let mut scales = Vec::new();
         let dynamic = desc.kind.dynamic_strides();
-        let props_in = desc
-            .inputs
-            .iter()
-            .map(|t| properties(t, dynamic, &mut scales))
-            .collect();
-        let props_out = desc
-            .outputs
-            .iter()
-            .map(|t| properties(t, dynamic, &mut scales))
-            .collect();
+        // Cache tensors (text inputs from 4, outputs from 1) may report a padded size.
+        let extra = match &desc.kind {
+            GraphKind::Qwen35Text(p) if !dynamic => p.cache_aligned_extra as i64,
+            _ => 0,
+        };
+        let props = |ts: &[TensorDesc], first_cache: usize, scales: &mut Vec<Box<[f32]>>| {
+            ts.iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let mut p = properties(t, dynamic, scales);
+                    if i >= first_cache {
+                        p.alignedByteSize += extra;
+                    }
+                    p
+                })
+                .collect::<Vec<_>>()
+        };
+        let props_in = props(&desc.inputs, 4, &mut scales);
+        let props_out = props(&desc.outputs, 1, &mut scales);
         let name = |side: &str, i: usize| CString::new(format!("{side}_{i}")).expect("no NUL");
         out.push(Box::new(GraphInst {
             desc: desc.clone(),

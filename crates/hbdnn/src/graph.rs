@@ -204,6 +204,14 @@ impl Graph {
         DeviceBuffer::alloc(self.packed.rt.clone(), size, Some(self.packed.clone()))
     }
 
+    /// A buffer for input `index` of at least `bytes` bytes (and at least the input's own
+    /// size): one buffer that another graph's tensor is bound to as well, which may report a
+    /// larger `alignedByteSize` (keeps the packed handle alive).
+    pub fn alloc_input_at_least(&self, index: usize, bytes: usize) -> Result<DeviceBuffer> {
+        let size = self.spec(Side::Input, index)?.byte_size.max(bytes);
+        DeviceBuffer::alloc(self.packed.rt.clone(), size, Some(self.packed.clone()))
+    }
+
     /// A buffer sized for output `index` (keeps the packed handle alive).
     pub fn alloc_output(&self, index: usize) -> Result<DeviceBuffer> {
         let size = self.spec(Side::Output, index)?.byte_size;

@@ -40,7 +40,7 @@ mod tensor;
 pub use buffer::DeviceBuffer;
 pub use error::{Error, Side, Status};
 pub use graph::{Graph, Sched};
-pub use hbdnn_sys::{FnTable, TableSource, LIBDNN, LIBHBUCP};
+pub use hbdnn_sys::{FnTable, MappedLibrary, TableSource, LIBDNN, LIBHBUCP};
 pub use model::PackedModel;
 pub use runtime::{Runtime, Versions};
 pub use tensor::{align_up, resolve_strides, DType, TensorSpec, STRIDE_ALIGN};

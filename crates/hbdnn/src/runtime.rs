@@ -131,6 +131,13 @@ impl Runtime {
         self.inner.table.source()
     }
 
+    /// The board runtime libraries (`libdnn`, `libhbucp`, `libhbrt*`, `libhbtl`) this process
+    /// has mapped now, from `/proc/self/maps`: what really runs, whatever the search path
+    /// did. Empty under the simulator on a machine without them.
+    pub fn mapped_libraries(&self) -> Vec<sys::MappedLibrary> {
+        sys::mapped_libraries()
+    }
+
     /// hbDNN, hbUCP and SoC version strings.
     pub fn versions(&self) -> Versions {
         let rt = &self.inner;

@@ -50,6 +50,10 @@ pub struct CheckReport {
     /// Prefill rows per chunk when a compatible prefill graph exists.
     pub prefill_chunk: Option<usize>,
     pub violations: Vec<Violation>,
+    /// What does not stop the package from running but a board owner should know: a pool
+    /// that looks too small or cannot be identified under `--pool-check warn`, a prefill
+    /// cache whose `alignedByteSize` differs from decode's.
+    pub warnings: Vec<Violation>,
 }
 
 impl CheckReport {
@@ -140,14 +144,19 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         .iter()
         .map(|&(_, n)| pool::load_bytes(implementation, n))
         .sum();
-    if let Err(e) = pool::check(
+    match pool::check(
         "the .hbm files",
         hbm_bytes,
         &reading,
         &cfg.hbm,
         opts.pool_check,
     ) {
-        r.error(&e, &cfg.hbm);
+        Ok(Some(w)) => r.warnings.push(Violation {
+            path: cfg.hbm.clone(),
+            reason: w,
+        }),
+        Ok(None) => {}
+        Err(e) => r.error(&e, &cfg.hbm),
     }
     r.pool = Some(reading);
     if !r.violations.is_empty() {
@@ -258,7 +267,13 @@ fn check_graphs(r: &mut CheckReport, cfg: &ModelConfig, models: &[(PathBuf, Pack
                 .and_then(|()| contract::check_prefill(&g, &dec, &shape).map_err(|reason| {
                     format!("prefill graph `{pre_name}`: {reason} (the runtime would step every row)")
                 })) {
-                Ok(n) => r.prefill_chunk = Some(n),
+                Ok(fit) => {
+                    r.prefill_chunk = Some(fit.rows);
+                    r.warnings.extend(fit.warnings.into_iter().map(|reason| Violation {
+                        path: path.clone(),
+                        reason,
+                    }));
+                }
                 Err(reason) => r.violation(&path, format!("graph contract mismatch: {reason}")),
             },
             Err(e) => r.violation(&path, e.to_string()),

@@ -2,7 +2,9 @@
 //! window `CL` and mask planes come from the mask, `H` from input 0, `ROT` from input 1,
 //! `vocab` from output 0, caches by index. As tolerant as BLLM where a board may report
 //! otherwise than our simulator: a cache output only has to fit the buffer of its input (a
-//! different layout is a warning naming both). Refused outright: per-axis quantisation (or a
+//! different layout is a warning naming both), and prefill caches are compared with decode's
+//! by `stride[0] × dim[0]` only, as BLLM sizes them (a different `alignedByteSize` is a
+//! warning, and the shared buffers are allocated for the larger). Refused outright: per-axis quantisation (or a
 //! zero point) on a tensor the runtime reads or writes, which one scale would silently get
 //! wrong.
 
@@ -107,8 +109,26 @@ pub fn check_decode(g: &Graph) -> Result<DecodeShape, String> {
     })
 }
 
-/// Checks a prefill graph against the decode graph (§4.1); `Ok(N)` = rows per chunk.
-pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, String> {
+/// A prefill graph that agrees with the decode graph.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillFit {
+    /// Rows per chunk.
+    pub rows: usize,
+    /// Differences that do not stop it being used (each already logged as a warning).
+    pub warnings: Vec<String>,
+}
+
+/// `stride[0] × dim[0]` (strides resolved): the bytes the tensor's rows span, which is how
+/// BLLM sizes a tensor.
+pub fn extent(s: &TensorSpec) -> usize {
+    match (s.strides.first(), s.shape.first()) {
+        (Some(st), Some(d)) => st.saturating_mul(*d),
+        _ => 0,
+    }
+}
+
+/// Checks a prefill graph against the decode graph (§4.1).
+pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<PrefillFit, String> {
     let (ins, outs) = (p.inputs(), p.outputs());
     if ins.len() != dec.inputs().len() || outs.len() != dec.outputs().len() {
         return Err(format!(
@@ -149,13 +169,20 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, S
             d.context
         ));
     }
+    let mut warnings = Vec::new();
     for c in 0..d.n_cache {
         let (pi, di) = (&ins[FIXED_IN + c], &dec.inputs()[FIXED_IN + c]);
-        // The decode graph's cache buffers are shared: the same bytes in, outputs that fit.
-        if pi.byte_size != di.byte_size {
+        // The decode graph's cache buffers are shared: the same rows in, outputs that fit.
+        if extent(pi) != extent(di) {
             return Err(format!(
-                "cache {c}: {} bytes, decode's is {} bytes",
-                pi.byte_size, di.byte_size
+                "cache {c}: {:?} strides {:?} spans {} bytes (stride[0] × dim[0]), decode's \
+                 {:?} strides {:?} spans {} bytes",
+                pi.shape,
+                pi.strides,
+                extent(pi),
+                di.shape,
+                di.strides,
+                extent(di)
             ));
         }
         if pi.strides != di.strides {
@@ -168,7 +195,39 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, S
                 di.strides
             );
         }
-        cache_output_fits(p.name(), c, di, &outs[1 + c])?;
+        let po = &outs[1 + c];
+        if extent(po) > extent(di) {
+            return Err(format!(
+                "cache {c}: output {} {:?} strides {:?} spans {} bytes, more than the {} bytes \
+                 of decode's input {} {:?} strides {:?}",
+                1 + c,
+                po.shape,
+                po.strides,
+                extent(po),
+                extent(di),
+                FIXED_IN + c,
+                di.shape,
+                di.strides
+            ));
+        }
+        // BLLM never compares alignedByteSize; the cache buffers are allocated for the
+        // largest one reported (`cache_buffer_bytes`), so a difference only costs memory.
+        for (side, t) in [("input", pi), ("output", po)] {
+            if t.aligned_byte_size != di.aligned_byte_size {
+                let w = format!(
+                    "graph `{}` cache {c} {side}: alignedByteSize {} differs from the decode \
+                     graph's {} (same stride[0] × dim[0], {} bytes); the cache buffers are \
+                     allocated with {} bytes",
+                    p.name(),
+                    t.reported_aligned_byte_size,
+                    di.reported_aligned_byte_size,
+                    extent(di),
+                    t.byte_size.max(di.byte_size)
+                );
+                tracing::warn!("{w}");
+                warnings.push(w);
+            }
+        }
     }
     let out = &outs[0];
     let dout = &dec.outputs()[0];
@@ -188,7 +247,27 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<usize, S
             dims(dout)
         ));
     }
-    Ok(n)
+    Ok(PrefillFit { rows: n, warnings })
+}
+
+/// Bytes each cache buffer is allocated with: decode's cache input, and (when the prefill
+/// graph is used) the largest of its cache input and output, which are bound to the same
+/// buffers and may report a larger `alignedByteSize`.
+pub fn cache_buffer_bytes(dec: &Graph, prefill: Option<&Graph>, n_cache: usize) -> Vec<usize> {
+    (0..n_cache)
+        .map(|c| {
+            let mut n = dec.inputs()[FIXED_IN + c].byte_size;
+            if let Some(p) = prefill {
+                for t in [p.inputs().get(FIXED_IN + c), p.outputs().get(1 + c)]
+                    .into_iter()
+                    .flatten()
+                {
+                    n = n.max(t.byte_size);
+                }
+            }
+            n
+        })
+        .collect()
 }
 
 /// Cache `c`'s output is bound to a buffer sized for its input (the ping-pong sets): it only

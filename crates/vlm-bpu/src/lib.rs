@@ -6,9 +6,10 @@
 //! reads, S16 logits dequantised by the output scale, and the §10.2 state snapshots.
 //!
 //! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
-//! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer, as
+//! and the ION pool ([`pool`]: the `.hbm` sizes, then the cache sets before any buffer, as
 //! [`BpuOptions::pool_check`] says). Where a board may report otherwise than the simulator the
-//! checks are as tolerant as BLLM ([`contract`]: cache outputs that fit; `tower`: any rank ≥ 2,
+//! checks are as tolerant as BLLM ([`contract`]: cache outputs that fit, prefill caches
+//! compared by `stride[0] × dim[0]`; `tower`: any rank ≥ 2,
 //! the graph `visual` else the only one; [`EmbedTable`]: a longer table); per-axis
 //! quantisation on a tensor the runtime reads or writes is refused, never read as `scale[0]`.
 //! A prompt tail shorter than a chunk is stepped row by row, or run as one padded chunk when
@@ -99,9 +100,9 @@ pub struct BpuOptions {
     /// [`BpuError::Interrupted`] (a step in progress, such as a board's graph load, runs to
     /// its end).
     pub interrupt: Interrupt,
-    /// The ION pool preflight ([`PoolCheck`]; parses `strict`, `warn`, `off`): a pool
-    /// identified and too small is refused unless `Off`; one that cannot be identified is
-    /// refused under `Strict`, warned about under `Warn` (the default).
+    /// The ION pool preflight ([`PoolCheck`]; parses `strict`, `warn`, `off`): `Strict`
+    /// refuses a pool identified and too small, and one that cannot be identified; `Warn`
+    /// (the default) only warns in both cases; `Off` checks nothing.
     pub pool_check: PoolCheck,
     /// Allocate a third decode cache set so that one state can be kept on the device
     /// ([`Backend::keep`]: a latest-frame pre-fill that asks start from without a copy). One
@@ -246,6 +247,30 @@ pub struct RuntimeInfo {
     pub soc: String,
     /// Optional entry points the library lacks (their fallbacks are in use).
     pub missing_entry_points: Vec<&'static str>,
+    /// Every board runtime library file mapped in this process (`/proc/self/maps`), by
+    /// library: what really runs, whatever `LD_LIBRARY_PATH` did. Empty under the simulator.
+    pub mapped_libraries: Vec<MappedLibraryEntry>,
+}
+
+/// One mapped board library file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MappedLibraryEntry {
+    /// `libdnn`, `libhbucp`, `libhbrt4`, `libhbtl`, …
+    pub library: String,
+    pub path: PathBuf,
+}
+
+/// The mapped libraries grouped by library (stable order), for reports.
+fn mapped_entries(libs: &[hbdnn::MappedLibrary]) -> Vec<MappedLibraryEntry> {
+    let mut v: Vec<MappedLibraryEntry> = libs
+        .iter()
+        .map(|l| MappedLibraryEntry {
+            library: l.library.clone(),
+            path: l.path.clone(),
+        })
+        .collect();
+    v.sort_by(|a, b| a.library.cmp(&b.library));
+    v
 }
 
 impl RuntimeInfo {
@@ -265,6 +290,7 @@ impl RuntimeInfo {
             ucp_version: v.ucp,
             soc: v.soc,
             missing_entry_points: rt.missing_entry_points(),
+            mapped_libraries: mapped_entries(&rt.mapped_libraries()),
         }
     }
 

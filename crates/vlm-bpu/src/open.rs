@@ -38,6 +38,8 @@ struct TextGraphs {
     prefill: Option<(Graph, usize, PathBuf)>,
     /// The package's separate prefill `.hbm`, loaded whether or not its graph is used.
     prefill_model: Option<PackedModel>,
+    /// Bytes of each cache buffer: the largest size any graph bound to it reports.
+    cache_bytes: Vec<usize>,
 }
 
 /// Everything read from the package and checked, before any buffer exists.
@@ -51,6 +53,8 @@ struct Loaded {
     axes: Vec<usize>,
     lock: Option<EngineLock>,
     runtime: RuntimeInfo,
+    /// Allocate the optional third cache set (asked for, and the pool preflight allows it).
+    keep_set: bool,
 }
 
 impl BpuBackend {
@@ -90,7 +94,7 @@ impl BpuBackend {
         let tower = load_tower(&runtime, &cfg)?;
         let axes = rope_axes(&cfg, &text.shape)?;
         let after_load = pool::after_load(implementation, &before_load, hbm_bytes);
-        preflight_buffers(&text, &after_load, &cfg.hbm, opts.pool_check)?;
+        let keep_set = preflight_buffers(&text, &after_load, &cfg.hbm, opts)?;
         step("allocating the buffers")?;
         let mut me = allocate(
             Loaded {
@@ -102,6 +106,7 @@ impl BpuBackend {
                 axes,
                 lock,
                 runtime: runtime_info,
+                keep_set,
             },
             opts,
         )?;
@@ -237,12 +242,15 @@ fn load_text_graphs(
     } else {
         prefill_graph(cfg, &main, own.as_ref(), &decode, &shape)?
     };
+    let cache_bytes =
+        contract::cache_buffer_bytes(&decode, prefill.as_ref().map(|(g, _, _)| g), shape.n_cache);
     Ok(TextGraphs {
         main,
         decode,
         shape,
         prefill,
         prefill_model: own.map(|(_, m)| m),
+        cache_bytes,
     })
 }
 
@@ -274,7 +282,9 @@ fn prefill_graph(
     contract::check_quantisation(&g, contract::TEXT_INPUTS, contract::TEXT_OUTPUTS)
         .map_err(|r| contract_error(&path, r))?;
     match contract::check_prefill(&g, decode, shape) {
-        Ok(n) => {
+        Ok(fit) => {
+            // Its warnings (a different alignedByteSize) are logged by the check.
+            let n = fit.rows;
             tracing::info!(file = %path.display(), graph = %name, chunk = n, "prefill graph");
             Ok(Some((g, n, path)))
         }
@@ -329,13 +339,14 @@ fn rope_axes(cfg: &ModelConfig, shape: &DecodeShape) -> Result<Vec<usize>, BpuEr
     Ok(qwen35::config::mrope_axes(shape.rot / 2, &section))
 }
 
-/// Second preflight, before any buffer exists: two cache sets plus the graphs' I/O.
+/// Second preflight, before any buffer exists: two cache sets (three with
+/// [`BpuOptions::keep_set`]) plus the graphs' I/O. `Ok(true)`: allocate the third set.
 fn preflight_buffers(
     text: &TextGraphs,
     pool: &PoolReading,
     hbm: &Path,
-    mode: PoolCheck,
-) -> Result<(), BpuError> {
+    opts: &BpuOptions,
+) -> Result<bool, BpuError> {
     let io_bytes = |g: &Graph| -> u64 {
         g.inputs()[..FIXED_IN.min(g.inputs().len())]
             .iter()
@@ -343,21 +354,31 @@ fn preflight_buffers(
             .map(|s| s.byte_size as u64)
             .sum()
     };
-    let cache_set: u64 = text.decode.inputs()[FIXED_IN..]
-        .iter()
-        .map(|s| s.byte_size as u64)
-        .sum();
-    let mut buffers = 2 * cache_set + io_bytes(&text.decode);
+    let cache_set: u64 = text.cache_bytes.iter().map(|&n| n as u64).sum();
+    let mut io = io_bytes(&text.decode);
     if let Some((g, _, _)) = &text.prefill {
-        buffers += io_bytes(g);
+        io += io_bytes(g);
     }
-    pool::check(
-        "two cache sets and the graph I/O buffers",
-        buffers,
-        pool,
-        hbm,
-        mode,
-    )
+    let mut sets = pool::cache_sets(opts.keep_set);
+    let needs = |sets: u64| sets * cache_set + io;
+    if sets == 3
+        && opts.pool_check != PoolCheck::Off
+        && pool::known_too_small(needs(3), pool)
+        && !pool::known_too_small(needs(2), pool)
+    {
+        // The third set is optional: better without it than an allocation the pool
+        // cannot serve (which can take a board down rather than fail).
+        tracing::warn!(
+            needed = needs(3),
+            available = ?pool.available,
+            "the ION pool cannot also hold the optional third cache set: opening without it \
+             (a kept state is a host snapshot)"
+        );
+        sets = 2;
+    }
+    let what = format!("{sets} cache sets and the graph I/O buffers");
+    pool::check(&what, needs(sets), pool, hbm, opts.pool_check)?;
+    Ok(sets == 3)
 }
 
 /// Allocates every buffer and assembles the backend (state not yet cleared).
@@ -371,6 +392,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         axes,
         lock,
         runtime,
+        keep_set,
     } = loaded;
     let TextGraphs {
         main,
@@ -378,6 +400,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         shape,
         prefill,
         prefill_model,
+        cache_bytes,
     } = text;
     let prefill = match prefill {
         Some((g, n, path)) => Some(Io::new(g, n, &path)?),
@@ -393,19 +416,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         None => None,
     };
     let decode = Io::new(decode, 1, &cfg.hbm)?;
-    let mut sets = vec![
-        state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
-        state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm)?,
-    ];
-    if opts.keep_set {
-        // Optional: without it a kept state is a host snapshot, as with the CPU backend.
-        match state::alloc_set(&decode.graph, shape.n_cache, &cfg.hbm) {
-            Ok(set) => sets.push(set),
-            Err(e) => tracing::warn!(
-                "no third decode cache set ({e}): a pre-filled state is restored by copy"
-            ),
-        }
-    }
+    let sets = alloc_sets(&decode.graph, &cache_bytes, keep_set, &cfg.hbm)?;
     // Fresh device memory holds anything: the first clear zeroes every row.
     let held = vec![shape.context; sets.len()];
     let state_shape = state::state_shape(&decode.graph, &shape);
@@ -467,4 +478,27 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         _packed: packed,
         _lock: lock,
     })
+}
+
+/// The two cache sets a run ping-pongs between, and the optional third one (`keep_set`).
+fn alloc_sets(
+    decode: &Graph,
+    cache_bytes: &[usize],
+    keep_set: bool,
+    hbm: &Path,
+) -> Result<Vec<Vec<hbdnn::DeviceBuffer>>, BpuError> {
+    let mut sets = vec![
+        state::alloc_set(decode, cache_bytes, hbm)?,
+        state::alloc_set(decode, cache_bytes, hbm)?,
+    ];
+    if keep_set {
+        // Optional: without it a kept state is a host snapshot, as with the CPU backend.
+        match state::alloc_set(decode, cache_bytes, hbm) {
+            Ok(set) => sets.push(set),
+            Err(e) => tracing::warn!(
+                "no third decode cache set ({e}): a pre-filled state is restored by copy"
+            ),
+        }
+    }
+    Ok(sets)
 }

@@ -6,9 +6,12 @@
 //! Board: every device-tree `reserved-memory` node whose name starts with `ion` is read
 //! (`reg`: big-endian cells, no root needed) and reported. The pool is *identified* when
 //! exactly one of them is an `ion_carveout*` node with a readable size (the S600 layout; the
-//! S100P's is not yet confirmed). What happens then is [`PoolCheck`]'s choice: a pool
-//! identified and too small is refused (`strict`, `warn`); one that cannot be identified is
-//! refused (`strict`) or warned about (`warn`, the default); `off` checks nothing.
+//! S100P's is not yet confirmed). What happens then is [`PoolCheck`]'s choice: `strict`
+//! refuses a pool identified and too small, and one that cannot be identified; `warn` (the
+//! default) never refuses — both become a warning naming the fix — because the node names
+//! are only confirmed on another SoC and a reading that looks too small may be a misreading;
+//! `off` checks nothing. The buffers counted are the cache sets (two, or three with
+//! [`BpuOptions::keep_set`](crate::BpuOptions::keep_set)) and the graphs' I/O.
 //! Simulator: the pool of the calling thread's instance (`BPU_SIM_POOL_MB`), always exact.
 
 use std::path::{Path, PathBuf};
@@ -31,8 +34,8 @@ pub const ION_FIX: &str =
 pub enum PoolCheck {
     /// Refuse when the pool is too small, and when it cannot be identified with certainty.
     Strict,
-    /// Refuse when the pool is identified and too small; when it cannot be identified, warn
-    /// (naming what was found) and load.
+    /// Never refuse: a pool identified and too small is a warning naming the fix
+    /// (`hb_switch_ion.sh`), one that cannot be identified a warning naming what was found.
     #[default]
     Warn,
     /// No preflight (a load the pool cannot hold still fails with the ION advice).
@@ -272,34 +275,64 @@ fn reg_size(reg: &Path) -> Result<u64, String> {
     }
 }
 
-/// The preflight of `needed` bytes against `pool`, as `mode` says: refuses a pool too small
-/// unless `off`; a pool that could not be identified is refused under `strict` and warned
-/// about under `warn`.
+/// Cache sets the buffers hold: the two a run ping-pongs between, and the optional third
+/// one a kept state lives in ([`BpuOptions::keep_set`](crate::BpuOptions::keep_set)).
+pub fn cache_sets(keep_set: bool) -> u64 {
+    if keep_set {
+        3
+    } else {
+        2
+    }
+}
+
+/// Whether an identified pool is known to be too small for `needed` bytes.
+pub fn known_too_small(needed: u64, pool: &PoolReading) -> bool {
+    pool.available.is_some_and(|a| needed > a)
+}
+
+/// The preflight of `needed` bytes against `pool`, as `mode` says: `strict` refuses a pool
+/// too small or not identified; `warn` only warns in both cases; `off` checks nothing.
+/// `Ok(Some(warning))` carries the warning (already logged) for reports.
 pub fn check(
     what: &str,
     needed: u64,
     pool: &PoolReading,
     file: &Path,
     mode: PoolCheck,
-) -> Result<(), BpuError> {
+) -> Result<Option<String>, BpuError> {
     if mode == PoolCheck::Off {
         tracing::debug!(what, needed, "ION pool preflight off");
-        return Ok(());
+        return Ok(None);
     }
     match pool.available {
-        Some(avail) if needed > avail => Err(BpuError::Pool {
-            path: file.to_owned(),
-            what: what.to_owned(),
-            needed,
-            available: avail,
-            source_desc: pool.source.clone(),
-            fix: pool.fix.clone(),
-        }),
+        Some(avail) if needed > avail => {
+            let refusal = BpuError::Pool {
+                path: file.to_owned(),
+                what: what.to_owned(),
+                needed,
+                available: avail,
+                source_desc: pool.source.clone(),
+                fix: pool.fix.clone(),
+            };
+            if mode == PoolCheck::Strict {
+                return Err(refusal);
+            }
+            // The reading may be wrong (its node names are not confirmed on every SoC): the
+            // board is trusted, and the user told what to run if the load then fails.
+            let msg = refusal.to_string();
+            let prefix = format!("{}: ", file.display());
+            let w = format!(
+                "{}; loading anyway under --pool-check warn (strict refuses)",
+                msg.strip_prefix(&prefix).unwrap_or(&msg)
+            );
+            tracing::warn!(file = %file.display(), "{w}");
+            Ok(Some(w))
+        }
         Some(avail) => {
             tracing::info!(what, needed, available = avail, source = %pool.source, "ION pool preflight passed");
-            Ok(())
+            Ok(None)
         }
-        None if pool.unlimited => Ok(()),
+        None if pool.unlimited => Ok(None),
         None if mode == PoolCheck::Strict => Err(BpuError::PoolUnknown {
             path: file.to_owned(),
             what: what.to_owned(),
@@ -308,14 +341,14 @@ pub fn check(
             found: pool.found(),
         }),
         None => {
-            tracing::warn!(
-                what,
-                needed,
-                reason = %pool.source,
-                found = %pool.found(),
-                "ION pool not identified with certainty: loading without the preflight (--pool-check strict refuses instead)"
+            let w = format!(
+                "{what} need {needed} bytes; ION pool not identified with certainty ({}; \
+                 found: {}): loading without the preflight (--pool-check strict refuses instead)",
+                pool.source,
+                pool.found()
             );
-            Ok(())
+            tracing::warn!(file = %file.display(), "{w}");
+            Ok(Some(w))
         }
     }
 }
@@ -424,15 +457,31 @@ mod tests {
             ..known.clone()
         };
         for mode in [PoolCheck::Strict, PoolCheck::Warn] {
-            assert!(matches!(
-                check("x", 101, &known, f, mode),
-                Err(BpuError::Pool { .. })
-            ));
-            assert!(check("x", 100, &known, f, mode).is_ok());
+            assert!(matches!(check("x", 100, &known, f, mode), Ok(None)));
         }
-        assert!(check("x", 101, &known, f, PoolCheck::Off).is_ok());
-        assert!(check("x", 101, &unknown, f, PoolCheck::Warn).is_ok());
-        assert!(check("x", 101, &unknown, f, PoolCheck::Off).is_ok());
+        // Too small: `strict` refuses, naming the fix; `warn` loads with a warning naming it.
+        let e = check("x", 101, &known, f, PoolCheck::Strict).unwrap_err();
+        assert!(matches!(e, BpuError::Pool { .. }), "{e}");
+        assert!(e.to_string().contains("hb_switch_ion.sh bpu_first"), "{e}");
+        let w = check("x", 101, &known, f, PoolCheck::Warn)
+            .unwrap()
+            .unwrap();
+        assert!(
+            w.contains("hb_switch_ion.sh bpu_first") && w.contains("loading anyway"),
+            "{w}"
+        );
+        assert!(matches!(
+            check("x", 101, &known, f, PoolCheck::Off),
+            Ok(None)
+        ));
+        let w = check("x", 101, &unknown, f, PoolCheck::Warn)
+            .unwrap()
+            .unwrap();
+        assert!(w.contains("not identified"), "{w}");
+        assert!(matches!(
+            check("x", 101, &unknown, f, PoolCheck::Off),
+            Ok(None)
+        ));
         let e = check("x", 101, &unknown, f, PoolCheck::Strict).unwrap_err();
         let msg = e.to_string();
         assert!(

@@ -40,6 +40,9 @@ pub struct PackageReport {
     pub prefill_tail: TailMode,
     pub prefill_tail_decision: TailDecision,
     pub violations: Vec<String>,
+    /// What does not stop the package but a board owner should know (a pool that looks too
+    /// small under `--pool-check warn`, a prefill cache's different `alignedByteSize`).
+    pub warnings: Vec<String>,
 }
 
 /// The `model.json` keys a board user checks first.
@@ -138,8 +141,12 @@ pub struct Memory {
     pub reserved_memory: Vec<ReservedNode>,
     /// Pool bytes the `.hbm` loads take (board: the files plus the loader's margin).
     pub hbm_bytes: u64,
-    /// Two cache sets plus the text graphs' I/O buffers.
+    /// `cache_sets` cache sets plus the text graphs' I/O buffers.
     pub buffer_bytes: Option<u64>,
+    /// Cache sets counted: 2, or 3 with the optional kept set (`--keep-set`, `keep_set`).
+    pub cache_sets: u64,
+    /// The preflight mode: `strict` refuses a pool too small, `warn` only warns, `off`.
+    pub pool_check: String,
     /// `fits`, `too small` or `unknown`.
     pub verdict: String,
     /// What to do when it does not fit.
@@ -181,8 +188,9 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
         .iter()
         .map(|g| graph_entry(g, r.config.as_ref()))
         .collect();
-    let memory = memory(&r);
+    let memory = memory(&r, opts);
     let mut violations: Vec<String> = r.violations.iter().map(ToString::to_string).collect();
+    let warnings = r.warnings.iter().map(ToString::to_string).collect();
     let decision = tail_decision(dir, opts, &r, runtime.as_ref(), &mut violations);
     PackageReport {
         package: dir.to_owned(),
@@ -197,6 +205,7 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
         prefill_tail: decision.mode,
         prefill_tail_decision: decision,
         violations,
+        warnings,
     }
 }
 
@@ -281,7 +290,7 @@ fn text_graphs<'a>(
     (decode, prefill)
 }
 
-fn memory(r: &CheckReport) -> Option<Memory> {
+fn memory(r: &CheckReport, opts: &BpuOptions) -> Option<Memory> {
     let p = r.pool.as_ref()?;
     let implementation = r.implementation?;
     let hbm_bytes: u64 = r
@@ -289,6 +298,7 @@ fn memory(r: &CheckReport) -> Option<Memory> {
         .iter()
         .map(|&(_, n)| pool::load_bytes(implementation, n))
         .sum();
+    let cache_sets = pool::cache_sets(opts.keep_set);
     let buffer_bytes = r.config.as_ref().and_then(|cfg| {
         let (decode, prefill) = text_graphs(r, cfg);
         let io = |g: &GraphReport| -> u64 {
@@ -299,13 +309,18 @@ fn memory(r: &CheckReport) -> Option<Memory> {
                 .sum()
         };
         let d = decode?;
-        let cache_set: u64 = d
-            .inputs
-            .get(FIXED_IN..)?
-            .iter()
-            .map(|s| s.byte_size as u64)
+        // Each cache buffer holds the largest size a graph bound to it reports.
+        let cache_set: u64 = (FIXED_IN..d.inputs.len())
+            .map(|i| {
+                let p = prefill.map_or(0, |p| {
+                    let pin = p.inputs.get(i).map_or(0, |s| s.byte_size);
+                    let pout = p.outputs.get(i + 1 - FIXED_IN).map_or(0, |s| s.byte_size);
+                    pin.max(pout)
+                });
+                d.inputs[i].byte_size.max(p) as u64
+            })
             .sum();
-        Some(2 * cache_set + io(d) + prefill.map_or(0, io))
+        Some(cache_sets * cache_set + io(d) + prefill.map_or(0, io))
     });
     let needed = hbm_bytes + buffer_bytes.unwrap_or(0);
     let verdict = match p.available {
@@ -329,6 +344,8 @@ fn memory(r: &CheckReport) -> Option<Memory> {
             .collect(),
         hbm_bytes,
         buffer_bytes,
+        cache_sets,
+        pool_check: opts.pool_check.to_string(),
         verdict: verdict.into(),
         fix: p.fix.clone(),
     })

@@ -14,14 +14,17 @@ use crate::error::device;
 use crate::logits::LogitsAt;
 use crate::{kept, BpuBackend, BpuError};
 
-/// One cache set: a buffer per cache input of the decode graph.
+/// One cache set: a buffer per cache input of the decode graph, of `bytes[c]` bytes
+/// ([`contract::cache_buffer_bytes`]).
 pub(crate) fn alloc_set(
     decode: &Graph,
-    n_cache: usize,
+    bytes: &[usize],
     hbm: &Path,
 ) -> Result<Vec<DeviceBuffer>, BpuError> {
-    (0..n_cache)
-        .map(|c| decode.alloc_input(FIXED_IN + c))
+    bytes
+        .iter()
+        .enumerate()
+        .map(|(c, &n)| decode.alloc_input_at_least(FIXED_IN + c, n))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| BpuError::Hbdnn {
             path: hbm.to_owned(),

@@ -52,7 +52,7 @@ fn a_second_open_fails_fast_until_the_first_is_dropped() {
 }
 
 #[test]
-fn a_pool_too_small_refuses_before_loading_anything() {
+fn a_pool_too_small_refuses_before_loading_anything_under_strict() {
     let d = tempfile::tempdir().unwrap();
     sim_package("tiny-sym", d.path(), |o| o.cache_len = 64);
     let hbm: u64 = ["model.hbm", "model_prefill.hbm"]
@@ -61,13 +61,27 @@ fn a_pool_too_small_refuses_before_loading_anything() {
         .sum();
     let opts = BpuOptions {
         no_vision: true,
+        pool_check: vlm_bpu::PoolCheck::Strict,
         ..BpuOptions::default()
+    };
+    let warn = BpuOptions {
+        pool_check: vlm_bpu::PoolCheck::Warn,
+        ..opts.clone()
     };
     // Smaller than the .hbm files: refused before the first load.
     let s = sim(SimConfig {
         pool_bytes: Some(hbm - 1),
         ..SimConfig::default()
     });
+    // `warn` only warns: the load itself then fails (the simulator's pool is exact), with
+    // the same advice and nothing left behind.
+    let e = open(d.path(), &warn).err().unwrap();
+    assert!(
+        matches!(&e, BpuError::Pool { fix, .. } if fix.contains("bpu_first")),
+        "{e}"
+    );
+    let st = s.stats();
+    assert_eq!((st.live_packed, st.live_buffers, st.pool_used), (0, 0, 0));
     let e = open(d.path(), &opts).err().unwrap();
     match &e {
         BpuError::Pool {

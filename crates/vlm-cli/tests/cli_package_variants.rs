@@ -395,9 +395,21 @@ fn pool_check_modes_on_a_board_package() {
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("cannot be identified"), "{err}");
-    // One carveout, too small: refused under `warn` too; `off` lets it through.
+    // One carveout, too small: `warn` warns naming the fix and goes on (the reading may be
+    // wrong: its node names are not confirmed on every SoC); `strict` refuses; `off` lets
+    // it through.
     dt_node(&dt, "ion_carveout@a0000000", 4096);
     let (v, all) = run(&[]);
+    assert!(v.contains("libraries not found"), "{all}");
+    let w = all
+        .lines()
+        .find(|l| l.starts_with("WARNING") && l.contains("ION pool"))
+        .unwrap_or_else(|| panic!("{all}"));
+    assert!(
+        w.contains("hb_switch_ion.sh bpu_first") && w.contains("loading anyway"),
+        "{all}"
+    );
+    let (v, all) = run(&["--pool-check", "strict"]);
     assert!(
         v.contains("ION pool") && v.contains("hb_switch_ion.sh bpu_first"),
         "{all}"

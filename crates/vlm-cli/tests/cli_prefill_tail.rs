@@ -242,6 +242,11 @@ fn check_report_lists_what_the_board_would_show_on_every_variant() {
         }
         assert!(j["memory"]["hbm_bytes"].as_u64().unwrap() > 0);
         assert!(j["memory"]["reserved_memory"].is_array());
+        // The board fields are there under the simulator too (no board library mapped).
+        assert!(j["runtime"]["mapped_libraries"].is_array(), "{name}");
+        assert_eq!(j["memory"]["cache_sets"], 2, "{name}");
+        assert_eq!(j["memory"]["pool_check"], "warn", "{name}");
+        assert!(j["warnings"].is_array(), "{name}");
         for section in [
             "runtime",
             "hbDNN version",

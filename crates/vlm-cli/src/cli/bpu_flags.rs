@@ -10,8 +10,8 @@ pub struct BpuFlags {
     #[arg(long, value_name = "SECONDS", default_value_t = vlm_bpu::DEFAULT_TIMEOUT.as_secs_f64(), value_parser = parse_timeout)]
     pub bpu_timeout_s: f64,
     /// ION pool preflight: `strict` refuses when the pool is too small or cannot be
-    /// identified with certainty; `warn` refuses only a pool identified and too small, and
-    /// warns when it cannot be identified; `off` checks nothing.
+    /// identified with certainty; `warn` never refuses (it warns in both cases, naming the
+    /// fix); `off` checks nothing.
     #[arg(long, value_name = "strict|warn|off", default_value_t = vlm_bpu::PoolCheck::Warn)]
     pub pool_check: vlm_bpu::PoolCheck,
     /// How a prompt tail shorter than a prefill chunk runs: `auto` pads it when the package

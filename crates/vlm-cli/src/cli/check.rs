@@ -128,6 +128,9 @@ pub fn run(args: &CheckArgs) -> anyhow::Result<()> {
             None => writeln!(out, "prefill: none (every row is stepped)")?,
         }
     }
+    for w in &r.warnings {
+        writeln!(out, "WARNING {w}")?;
+    }
     for v in &r.violations {
         writeln!(out, "VIOLATION {v}")?;
     }

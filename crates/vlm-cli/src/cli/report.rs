@@ -95,6 +95,14 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
         for l in &rt.libraries {
             writeln!(out, "                    {}", l.display())?;
         }
+        for l in &rt.mapped_libraries {
+            writeln!(
+                out,
+                "  mapped            {:<10} {}",
+                l.library,
+                l.path.display()
+            )?;
+        }
         writeln!(out, "  hbDNN version     {}", rt.dnn_version)?;
         writeln!(out, "  hbUCP version     {}", rt.ucp_version)?;
         writeln!(out, "  SoC               {}", rt.soc)?;
@@ -166,11 +174,13 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
         let buffers = m.buffer_bytes.unwrap_or(0);
         writeln!(
             out,
-            "  needed            .hbm loads {} + cache sets and I/O {} = {} → {}",
+            "  needed            .hbm loads {} + {} cache sets and I/O {} = {} → {} (--pool-check {})",
             size(m.hbm_bytes),
+            m.cache_sets,
             size(buffers),
             size(m.hbm_bytes + buffers),
-            m.verdict
+            m.verdict,
+            m.pool_check
         )?;
         if m.verdict != "fits" && !m.fix.is_empty() {
             writeln!(out, "  fix               {}", m.fix)?;
@@ -211,6 +221,9 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     }
     if let Some(n) = r.prefill_chunk {
         writeln!(out, "prefill: {n} rows per chunk")?;
+    }
+    for w in &r.warnings {
+        writeln!(out, "WARNING {w}")?;
     }
     if r.violations.is_empty() {
         writeln!(out, "OK: no contract violations")?;
