@@ -33,6 +33,7 @@ mod kept;
 pub mod lock;
 mod logits;
 mod open;
+pub mod pad_marking;
 pub mod pool;
 pub mod report;
 pub mod sim;
@@ -63,7 +64,7 @@ use logits::LogitsAt;
 pub use pool::PoolCheck;
 pub use source::{open_assistant, ModelSource, OpenError, OpenOptions};
 use step::Io;
-pub use tail::{PrefillTail, TailDecision, TailMode};
+pub use tail::{PadMarking, PadMask, PadRope, PrefillTail, TailDecision, TailMode};
 use tower::Tower;
 
 /// How to open a package.
@@ -302,7 +303,7 @@ impl Backend for BpuBackend {
     }
 
     fn pads_tail(&self, rows: usize) -> bool {
-        self.pad_tail_layout(rows).is_some()
+        self.pad_tail_marking(rows).is_some()
     }
 
     fn consumed(&self) -> usize {
