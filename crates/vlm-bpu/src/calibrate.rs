@@ -281,10 +281,15 @@ impl BpuBackend {
                     trial.top1_next == Some(r.token) && trial.top1_step == Some(r.top1_step);
                 if trial.cos_next.is_none() || trial.cos_step.is_none() {
                     let bad = next.iter().chain(&step).filter(|v| !v.is_finite()).count();
+                    let at = if trial.cos_next.is_none() {
+                        "next-token"
+                    } else {
+                        "one-step-later"
+                    };
                     trial.error = Some(if bad > 0 {
                         format!("{bad} logits are not finite")
                     } else {
-                        "constant logits".into()
+                        format!("the padded run's {at} logits are constant")
                     });
                 }
             }
