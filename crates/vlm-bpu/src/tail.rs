@@ -427,8 +427,14 @@ mod tests {
 
     #[test]
     fn a_forced_layout_uses_the_default_marking() {
-        let text = r#"{"name": "t", "hbm": "model.hbm", "tokenizer": "tokenizer.json",
-            "prefill_pads": true, "prefill_min_tail": 4}"#;
+        let text = r#"{
+            "name": "t", "arch": "hybrid", "backend": "native", "hbm": "model.hbm",
+            "hbm_prefill": "model_prefill.hbm", "tokenizer": "tokenizer.json",
+            "embed": "embed_tokens.bin", "eos": [2], "cache_len": 512, "graph": "qwen35",
+            "chat": {"format": "chatml", "im_start": 1, "im_end": 2, "system": "s"},
+            "rope_theta": 10000000, "mrope_section": [11, 11, 10], "mrope_interleaved": true,
+            "prefill_pads": true, "prefill_min_tail": 4, "dialect": "qwen3.5"
+        }"#;
         let cfg = ModelConfig::parse(
             text,
             std::path::Path::new("/pkg"),

@@ -289,6 +289,61 @@ fn the_decision_is_cached_until_a_package_file_changes() {
 }
 
 #[test]
+fn entries_of_an_older_tail_cache_are_ignored_not_misread() {
+    let s = sim();
+    let d = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let built = PadMarking {
+        layout: vlm_bpu::tail::PadLayout::Last,
+        rope: PadRope::Zero,
+        mask: PadMask::SelfOnly,
+    };
+    marked_package(d.path(), built);
+    let opts = options(cache.path(), PrefillTail::Auto);
+    drop(open_counting(&s, d.path(), &opts));
+    // Rewrite this package's entry as the previous protocol wrote it (two layouts, no
+    // marking: read today it would say pads first with the default marking), and add an
+    // entry of some other package that does not parse at all.
+    let file = cache.path().join(vlm_bpu::tail_cache::CACHE_FILE);
+    let mut j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let entries = j["entries"].as_object_mut().unwrap();
+    let (_, entry) = entries.iter_mut().next().unwrap();
+    let runtime = entry["key"]["runtime"].as_str().unwrap().to_owned();
+    assert!(runtime.contains("tail protocol 2"), "{runtime}");
+    entry["key"]["runtime"] = runtime.replace("tail protocol 2", "tail protocol 1").into();
+    entry["decision"] = serde_json::json!({
+        "mode": "pads_first", "requested": "auto", "min_tail": 4, "chunk": 32,
+        "reason": "calibrated", "cached": false,
+        "calibration": {"prompt_rows": 8, "top1": 1, "margin": 1.0, "threshold": 0.99,
+            "seconds": 0.1, "trials": [{"mode": "pads_first", "cos_next": 1.0,
+            "cos_step": 1.0, "top1_next": 1, "top1_step": 1, "error": null}]}
+    });
+    let junk = serde_json::json!({"key": "from a future version", "decision": 7});
+    let other_key = std::fs::canonicalize(other.path()).unwrap();
+    entries.insert(other_key.display().to_string(), junk.clone());
+    std::fs::write(&file, serde_json::to_string(&j).unwrap()).unwrap();
+    // Calibrated again (not the old answer), and the other entry is kept as it was.
+    let (b, runs) = open_counting(&s, d.path(), &opts);
+    assert!(runs > 0, "the old entry was not reused");
+    assert!(!b.tail_decision().cached);
+    assert_eq!(b.tail_decision().marking(), Some(built));
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(j["entries"][other_key.display().to_string()], junk);
+    drop(b);
+    let (b, runs) = open_counting(&s, d.path(), &opts);
+    assert_eq!(runs, 0);
+    assert!(b.tail_decision().cached);
+    assert_eq!(b.tail_decision().marking(), Some(built));
+    assert_eq!(
+        b.tail_decision().calibration.as_ref().unwrap().trials.len(),
+        8
+    );
+}
+
+#[test]
 fn packages_that_need_no_or_allow_no_calibration_run_nothing_at_open() {
     let s = sim();
     let cache = tempfile::tempdir().unwrap();
