@@ -239,7 +239,7 @@ impl PadTrial {
     pub fn summary(&self) -> String {
         let m = self.marking;
         match (&self.error, self.cos_next, self.cos_step) {
-            (Some(e), ..) => format!("{m}: failed ({e})"),
+            (Some(e), ..) => format!("{m}: no figures ({e})"),
             (None, Some(a), Some(b)) => format!(
                 "{m}: cosine {a:.4} next token, {b:.4} one step later (top-1 {} / {}, {})",
                 self.top1_next.map_or("-".into(), |t| t.to_string()),
