@@ -84,9 +84,10 @@ pub struct BpuOptions {
     pub lock_path: Option<PathBuf>,
     /// How a prompt tail of at least `prefill_min_tail` rows runs when the package sets
     /// `prefill_pads` (contract §4.4, inferred, unconfirmed on a board): [`PrefillTail::Auto`]
-    /// (default) calibrates the pad layout at open (cached per package) and steps when it
-    /// cannot; `Stepped` is correct with every package; `PadsFirst` / `PadsLast` force a
-    /// layout. Shorter tails, and every tail of a package without `prefill_pads`, are stepped.
+    /// (default) calibrates the pad layout and marking ([`PadMarking`]) at open (cached per
+    /// package) and steps when it cannot; `Stepped` is correct with every package;
+    /// `PadsFirst` / `PadsLast` force a layout with the default marking. Shorter tails, and
+    /// every tail of a package without `prefill_pads`, are stepped.
     pub prefill_tail: PrefillTail,
     /// Where the calibrated tail decision is cached (`None`: [`tail_cache::cache_dir`]).
     pub cache_dir: Option<PathBuf>,
