@@ -76,7 +76,9 @@ def summary_line(name, sec):
         rep = sec.get('report') or {}
         return (f"{len(rep.get('graphs') or [])} graphs, {len(rep.get('violations') or [])} "
                 f"violations (0 expected), ION pool: {(rep.get('memory') or {}).get('verdict')}, "
-                f"prompt tail: {rep.get('prefill_tail')}")
+                f"prompt tail: {rep.get('prefill_tail')}"
+                + (f" (pad rope {rep.get('pad_rope')}, pad mask {rep.get('pad_mask')})"
+                   if rep.get('pad_rope') else ''))
     if name == 'parity':
         return (f"{sec.get('tokens_compared')} of {sec.get('tokens_wanted')} tokens compared, "
                 f"first difference: {yes(sec.get('first_difference_at'))} "
@@ -148,6 +150,21 @@ def environment_md(sec):
     return out
 
 
+def trials_md(trials):
+    """The pad-marking calibration, one row per trial (every trial, chosen or not)."""
+    if not trials:
+        return []
+    out = ['', '| pads | pad rope | pad mask | cosine next token | cosine one step later '
+               '| top-1 agrees | chosen |', '|---|---|---|---|---|---|---|']
+    for t in trials:
+        cos = list(t.get('cosine') or []) + [None, None]
+        fig = ['n/a' if c is None else f'{c:.4f}' for c in cos[:2]]
+        out.append(f"| {t.get('layout')} | {t.get('rope')} | {t.get('mask')} | {fig[0]} | "
+                   f"{fig[1]} | {yes(t.get('top1_agree'))} | "
+                   f"{'**yes**' if t.get('chosen') else 'no'} |")
+    return out + ['']
+
+
 def check_md(sec):
     rep = sec.get('report') or {}
     if not rep:
@@ -160,9 +177,13 @@ def check_md(sec):
                f"`prefill_min_tail` {m.get('prefill_min_tail')} (seed: 5 ctx4k, 6 ctx512), "
                f"vision {yes(m.get('vision'))}; runtime: {rep.get('implementation')}.")
     d = rep.get('prefill_tail_decision') or {}
-    out.append(f"Prompt tail: **{d.get('mode')}** (asked {d.get('requested')}): {d.get('reason')}"
+    marking = (f" (pad rope {rep.get('pad_rope')}, pad mask {rep.get('pad_mask')})"
+               if rep.get('pad_rope') else '')
+    out.append(f"Prompt tail: **{d.get('mode')}**{marking} (asked {d.get('requested')}): "
+               f"{d.get('reason')}"
                + (' — calibration: ' + code(d.get('calibration'), 400) if d.get('calibration')
                   else ''))
+    out += trials_md(rep.get('calibration_trials') or [])
     mem = rep.get('memory') or {}
     avail = 'unlimited' if mem.get('unlimited') else gib(mem.get('available'))
     out.append(f"ION pool: {avail} available ({mem.get('source')}), "

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::pads::{PadMask, PadRope};
+
 /// First bytes of every sim container.
 pub const MAGIC: &[u8; 8] = b"BPUSIMHB";
 /// Current container version.
@@ -79,15 +81,22 @@ pub struct TextParams {
     /// Scale of S16 logits.
     pub logits_scale: f32,
     /// Prefill only: the padded-tail protocol inferred in the contract §4.4 (unconfirmed on
-    /// a board). The graph counts the real rows `t` from the mask (rows not fully masked in
-    /// plane 0) and treats `N − t` rows as pads where [`TextParams::pad_layout`] says,
-    /// whatever the runtime put there; pads leave GDN state untouched and their K/V rows are
-    /// zero where an `N`-row shift puts them.
+    /// a board). The graph counts its pads `N − t` as the rows carrying its marking
+    /// ([`TextParams::pad_rope`] and [`TextParams::pad_mask`], [`crate::pads`]) and takes the
+    /// rows where [`TextParams::pad_layout`] puts pads as the pads, whatever the runtime put
+    /// there; pads leave GDN state untouched and their K/V rows are zero where an `N`-row
+    /// shift puts them. With no row so marked, all `N` rows run as real ones.
     #[serde(default)]
     pub pads: bool,
     /// Where a padded graph expects its pad rows (the layout it was compiled for).
     #[serde(default, skip_serializing_if = "PadLayout::is_last")]
     pub pad_layout: PadLayout,
+    /// The rope a padded graph recognises its pads by.
+    #[serde(default, skip_serializing_if = "PadRope::is_identity")]
+    pub pad_rope: PadRope,
+    /// The mask row a padded graph recognises its pads by.
+    #[serde(default, skip_serializing_if = "PadMask::is_masked")]
+    pub pad_mask: PadMask,
     /// Every tensor reports `-1` strides and `alignedByteSize` `-1` (as real graphs may): the
     /// runtime picks the layout and `hbDNNInferV2` checks it.
     #[serde(default, skip_serializing_if = "is_false")]

@@ -13,6 +13,7 @@ use crate::container::{
     Container, GraphDesc, GraphKind, LogitsType, PadLayout, TensorDesc, TextParams, VisualParams,
 };
 use crate::kernels::{read_f32, write_f32, Kernel};
+use crate::pads::ChunkView;
 
 /// Extra bytes added to the row pitch of multi-row tensors, so that a reader assuming tight
 /// rows reads garbage (boards pad rows; contract §3.3).
@@ -357,7 +358,7 @@ impl Kernel for TextGraph {
         };
         let n = self.p.rows;
         let real = if self.p.pads {
-            real_rows(&mask, n, self.p.window)?
+            real_rows(&cos, &sin, &mask, &self.p)?
         } else {
             n
         };
@@ -382,16 +383,18 @@ impl Kernel for TextGraph {
     }
 }
 
-/// The real rows of a padded chunk: the rows of plane 0 that are not fully masked, counted
-/// wherever they are (a graph compiled for one layout takes its own rows as the pads).
-fn real_rows(mask: &[f32], n: usize, cl: usize) -> Result<usize, String> {
-    let t = (0..n)
-        .filter(|&j| {
-            mask[j * cl..(j + 1) * cl]
-                .iter()
-                .any(|&v| v > qwen35::MASK_NEG / 2.0)
-        })
-        .count();
+/// The real rows of a padded chunk: the rows of plane 0 that do not carry the graph's pad
+/// marking, counted wherever they are (a graph compiled for one layout takes its own rows as
+/// the pads; one compiled for another marking finds no pad and runs all `N` rows).
+fn real_rows(cos: &[f32], sin: &[f32], mask: &[f32], p: &TextParams) -> Result<usize, String> {
+    let view = ChunkView {
+        cos,
+        sin,
+        mask,
+        n: p.rows,
+        window: p.window,
+    };
+    let t = p.rows - view.pads(p.pad_rope, p.pad_mask);
     if t == 0 {
         return Err("a chunk of pad rows only".into());
     }

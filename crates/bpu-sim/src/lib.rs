@@ -45,6 +45,7 @@ mod instance;
 mod kernels;
 mod memory;
 pub mod package;
+pub mod pads;
 mod state;
 mod status;
 
@@ -56,6 +57,7 @@ pub use container::{
 pub use detect::{classify, inspect_package, DetectError, Implementation};
 pub use instance::Sim;
 pub use memory::{CACHE_LINE, DIRTY_BYTE};
+pub use pads::{PadMask, PadRope};
 pub use state::SimStats;
 
 /// The simulator's function table. Validates the `BPU_SIM_*` environment first, so a bad

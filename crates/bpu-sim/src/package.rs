@@ -8,6 +8,7 @@ use serde_json::{json, Value};
 
 use crate::container::{Container, Header, LogitsType, PadLayout, TextParams, VisualParams};
 use crate::graphs::{text_graph_desc, visual_graph_desc};
+use crate::pads::{PadMask, PadRope};
 
 /// Where the prefill graph goes (`--prefill-in`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +57,12 @@ pub struct PackageOptions {
     /// `--pad-layout`: where the padded prefill graph expects its pad rows (default `last`).
     /// Not written to `model.json`: as with a real package, the runtime has to find out.
     pub pad_layout: PadLayout,
+    /// `--pad-rope`: the rope the padded prefill graph recognises its pads by (default
+    /// `identity`). Not written to `model.json` either.
+    pub pad_rope: PadRope,
+    /// `--pad-mask`: the mask row the padded prefill graph recognises its pads by (default
+    /// `masked`). Not written to `model.json` either.
+    pub pad_mask: PadMask,
     /// BPU march written into every container (default `nash-m`, the S100P's).
     pub march: String,
     /// `--tower-rank`: rank of the vision tower's input and output (2, or more with leading
@@ -93,6 +100,8 @@ impl PackageOptions {
             prefill_pads: false,
             prefill_min_tail: None,
             pad_layout: PadLayout::Last,
+            pad_rope: PadRope::Identity,
+            pad_mask: PadMask::Masked,
             march: crate::config::PLATFORM_MARCH.to_owned(),
             tower_rank: 2,
             dynamic_strides: false,
@@ -281,6 +290,8 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         logits_scale: o.s16_scale,
         pads: false,
         pad_layout: PadLayout::Last,
+        pad_rope: PadRope::Identity,
+        pad_mask: PadMask::Masked,
         dynamic_strides: o.dynamic_strides,
         logits_per_axis: o.quant_axis,
         cache_out_strides: o.cache_out_strides,
@@ -291,6 +302,8 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         logits_all_rows: o.prefill_logits_all,
         pads: o.prefill_pads,
         pad_layout: o.pad_layout,
+        pad_rope: o.pad_rope,
+        pad_mask: o.pad_mask,
         ..decode.clone()
     };
     let older_prefill = TextParams {

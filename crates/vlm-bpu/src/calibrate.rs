@@ -1,20 +1,25 @@
 //! Deciding the prompt tail at open ([`crate::tail`]): what needs no graph run is decided by
 //! [`crate::tail::plan`]; `auto` on a package with `prefill_pads` reads the cache, else
-//! calibrates. The calibration runs one fixed prompt of `t` rows (`prefill_min_tail ≤ t < N`)
-//! stepped through the decode graph and as one padded chunk with each layout, then one
-//! decode step after each (which reads the K/V window the runtime fixed up after the chunk),
-//! and keeps the layout whose logits are closest to stepping if both cosines reach
-//! [`crate::tail::COSINE_MIN`]. Cost, once per package: `t + 3` decode runs and two prefill
-//! runs (≈ 3.3 s for the 4B at `t` = 8 on the S100P); the state is cleared afterwards.
+//! calibrates. The calibration steps one prefix row through the decode graph (so that the
+//! padded chunk meets a non-empty window and GDN state, as a tail after whole chunks does,
+//! and so that no real row sits at position 0 with nothing before it), then runs the next
+//! `t` rows (`prefill_min_tail ≤ t < N`) stepped and, from a snapshot of the prefix state,
+//! as one padded chunk with each of the eight [`PadMarking`]s (layout × pad rope × pad mask
+//! row), each followed by one decode step (which reads the K/V window the runtime fixed up
+//! after the chunk and the GDN state the pads may have touched). All eight always run, so
+//! the report shows every figure even when none passes. It keeps the passing marking closest
+//! to stepping ([`crate::tail::choose`]). Cost, once per package: `t + 2` decode runs for
+//! the stepped reference, then 8 × (one padded chunk + one decode step + a state restore);
+//! the state is cleared afterwards.
 
 use std::path::Path;
 use std::time::Instant;
 
 use vlm::chat::Pos3;
-use vlm::engine::{Backend, EngineError};
+use vlm::engine::{Backend, EngineError, StateBlob};
 
 use crate::tail::{
-    centred_cosine, choose, plan, top1, Calibration, LayoutTrial, PadLayout, Plan, TailDecision,
+    centred_cosine, choose, plan, top1, Calibration, PadMarking, PadTrial, Plan, TailDecision,
     TailMode, COSINE_MIN,
 };
 use crate::{tail_cache, BpuBackend, BpuError, BpuOptions};
@@ -23,16 +28,21 @@ use crate::{tail_cache, BpuBackend, BpuError, BpuOptions};
 /// (" August"), so the stepped run has a large top-1 margin. Its last `t` tokens are used.
 const PROMPT: &str = "January February March April May June July";
 
-/// Rows of the calibration prompt unless `prefill_min_tail` asks for more.
+/// Rows of the padded chunk unless `prefill_min_tail` asks for more.
 const CAL_ROWS: usize = 8;
 
-/// The stepped reference of a calibration: next-token logits, the token fed next, and the
-/// logits after that decode step.
+/// Rows stepped before the padded chunk.
+const PREFIX: usize = 1;
+
+/// The stepped reference of a calibration: the state after the prefix, next-token logits,
+/// the token fed next, and the logits and top-1 after that decode step.
 struct Reference {
+    prefix: StateBlob,
     next: Vec<f32>,
     token: u32,
     margin: f32,
     step: Vec<f32>,
+    top1_step: u32,
 }
 
 impl BpuBackend {
@@ -79,15 +89,7 @@ impl BpuBackend {
                 return Ok(d);
             }
         }
-        let mut d = TailDecision {
-            mode: TailMode::Stepped,
-            requested: opts.prefill_tail,
-            min_tail: None,
-            chunk,
-            reason: String::new(),
-            calibration: None,
-            cached: false,
-        };
+        let mut d = TailDecision::stepped(opts.prefill_tail, chunk, String::new());
         tracing::info!(
             min_tail,
             chunk,
@@ -107,17 +109,18 @@ impl BpuBackend {
             }
         };
         match choose(&cal.trials) {
-            Some(mode) => {
-                d.mode = mode;
-                d.min_tail = Some(min_tail);
+            Some(m) => {
+                d.set_padded(m, min_tail);
                 d.reason = format!(
-                    "calibrated: {mode} reproduces stepping (cosine ≥ {COSINE_MIN} at both steps)"
+                    "calibrated: {m} reproduces stepping (top-1 agrees and cosine ≥ \
+                     {COSINE_MIN} at both steps; the closest of the passing markings)"
                 );
             }
             None => {
                 d.reason = format!(
-                    "calibrated: no padded layout reproduces stepping (cosine < {COSINE_MIN}): \
-                     the tail is stepped"
+                    "calibrated: none of the {} pad markings reproduces stepping (top-1 \
+                     agreement and cosine ≥ {COSINE_MIN} at both steps): the tail is stepped",
+                    cal.trials.len()
                 );
             }
         }
@@ -132,7 +135,7 @@ impl BpuBackend {
         Ok(d)
     }
 
-    /// The calibration runs; the state is cleared before each and after the last.
+    /// The calibration runs; the state is cleared before the first and after the last.
     fn calibrate(
         &mut self,
         min_tail: usize,
@@ -141,9 +144,9 @@ impl BpuBackend {
     ) -> Result<Calibration, CalError> {
         let t0 = Instant::now();
         let ids = self.prompt_ids(min_tail, chunk)?;
-        let t = ids.len();
-        // The padded chunk needs N free slots, and two decode steps follow.
-        if self.info.context < chunk + t + 2 {
+        let t = ids.len() - PREFIX;
+        // The padded chunk needs N free slots after the prefix, and a decode step follows.
+        if self.info.context < PREFIX + chunk + 2 {
             return Err(CalError::Failed(format!(
                 "the window of {} rows is too small for a {chunk}-row chunk",
                 self.info.context
@@ -151,34 +154,39 @@ impl BpuBackend {
         }
         let mut rows = Vec::new();
         self.embed(&ids, &mut rows).map_err(failed)?;
-        let positions: Vec<Pos3> = (0..t as u32).map(Pos3::text).collect();
+        let positions: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
         let interrupted = || opts.interrupt.is_raised();
         let reference = self.stepped_reference(&rows, &positions, &interrupted);
         let reference = self.cleared(reference)?;
+        let h = self.info.hidden;
+        let (rows, positions) = (&rows[PREFIX * h..], &positions[PREFIX..]);
         let mut trials = Vec::new();
-        for layout in [PadLayout::First, PadLayout::Last] {
+        for m in PadMarking::all() {
             if interrupted() {
                 self.cleared(Ok(()))?;
                 return Err(CalError::Interrupted);
             }
-            let trial = self.padded_trial(layout, &rows, &positions, &reference);
+            let trial = self.padded_trial(m, rows, positions, &reference);
             tracing::info!("tail calibration: {}", trial.summary());
             trials.push(trial);
-            self.cleared(Ok(()))?;
         }
+        self.cleared(Ok(()))?;
         Ok(Calibration {
             prompt_rows: t,
+            prefix_rows: PREFIX,
             top1: reference.token,
             margin: reference.margin,
+            top1_step: reference.top1_step,
             threshold: COSINE_MIN,
             trials,
             seconds: t0.elapsed().as_secs_f64(),
         })
     }
 
-    /// The last `t = max(min_tail, 8)` token ids of the calibration prompt (`t < chunk`; the
-    /// prompt repeated in front when the tokenizer makes it shorter). Few real rows and many
-    /// pads tell the layouts apart best, and each real row is a decode run of the reference.
+    /// The last `PREFIX + t` token ids of the calibration prompt, `t = max(min_tail, 8)` (`t <
+    /// chunk`; the prompt repeated in front when the tokenizer makes it shorter). Few real
+    /// rows and many pads tell the markings apart best, and each real row is a decode run of
+    /// the reference.
     fn prompt_ids(&self, min_tail: usize, chunk: usize) -> Result<Vec<u32>, CalError> {
         let tok = tokenizers::Tokenizer::from_file(&self.cfg.tokenizer)
             .map_err(|e| CalError::Failed(format!("{}: {e}", self.cfg.tokenizer.display())))?;
@@ -189,14 +197,15 @@ impl BpuBackend {
         if ids.is_empty() {
             return Err(CalError::Failed("the prompt encodes to no token".into()));
         }
-        let t = min_tail.max(CAL_ROWS).min(chunk - 1);
-        while ids.len() < t {
+        let want = PREFIX + min_tail.max(CAL_ROWS).min(chunk - 1);
+        while ids.len() < want {
             ids.splice(0..0, enc.get_ids().iter().copied());
         }
-        Ok(ids.split_off(ids.len() - t))
+        Ok(ids.split_off(ids.len() - want))
     }
 
-    /// The prompt stepped row by row, then one decode step with its greedy token.
+    /// The prompt stepped row by row (a snapshot taken after the prefix), then one decode
+    /// step with its greedy token.
     fn stepped_reference(
         &mut self,
         rows: &[f32],
@@ -204,50 +213,60 @@ impl BpuBackend {
         interrupted: &dyn Fn() -> bool,
     ) -> Result<Reference, CalError> {
         let h = self.info.hidden;
+        let mut prefix = None;
         for (i, p) in positions.iter().enumerate() {
             if interrupted() {
                 return Err(CalError::Interrupted);
             }
+            if i == PREFIX {
+                prefix = Some(self.save_state(None).map_err(failed)?);
+            }
             self.run_chunk(&rows[i * h..(i + 1) * h], std::slice::from_ref(p), None)
                 .map_err(failed)?;
         }
+        let prefix = prefix.ok_or_else(|| CalError::Failed("no row after the prefix".into()))?;
         let next = self.logits_now()?;
         let (token, margin) = top1(&next).ok_or_else(|| CalError::Failed("no logits".into()))?;
         let step = self.decode_one(token)?;
         if step == next {
             // Graphs whose logits do not depend on their input (no weights) cannot tell the
-            // layouts apart.
+            // markings apart.
             return Err(CalError::Failed(
                 "the logits do not depend on the input (a package without weights?)".into(),
             ));
         }
+        let (top1_step, _) = top1(&step).ok_or_else(|| CalError::Failed("no logits".into()))?;
         Ok(Reference {
+            prefix,
             next,
             token,
             margin,
             step,
+            top1_step,
         })
     }
 
-    /// The prompt as one chunk padded with `layout`, then the reference's decode step.
+    /// From the prefix state: the rest of the prompt as one chunk padded as `m` says, then
+    /// the reference's decode step.
     fn padded_trial(
         &mut self,
-        layout: PadLayout,
+        m: PadMarking,
         rows: &[f32],
         positions: &[Pos3],
         r: &Reference,
-    ) -> LayoutTrial {
-        let mut trial = LayoutTrial {
-            mode: layout.mode(),
+    ) -> PadTrial {
+        let mut trial = PadTrial {
+            marking: m,
             cos_next: None,
             cos_step: None,
             top1_next: None,
             top1_step: None,
+            top1_agree: false,
             error: None,
         };
         let run = (|| -> Result<(Vec<f32>, Vec<f32>), CalError> {
-            self.run_chunk(rows, positions, Some(layout))
-                .map_err(failed)?;
+            self.load_state(&r.prefix).map_err(failed)?;
+            self.run_chunk(rows, positions, Some(m)).map_err(failed)?;
             let next = self.logits_now()?;
             let step = self.decode_one(r.token)?;
             Ok((next, step))
@@ -258,12 +277,19 @@ impl BpuBackend {
                 trial.cos_step = centred_cosine(&r.step, &step);
                 trial.top1_next = top1(&next).map(|(i, _)| i);
                 trial.top1_step = top1(&step).map(|(i, _)| i);
+                trial.top1_agree =
+                    trial.top1_next == Some(r.token) && trial.top1_step == Some(r.top1_step);
                 if trial.cos_next.is_none() || trial.cos_step.is_none() {
                     let bad = next.iter().chain(&step).filter(|v| !v.is_finite()).count();
+                    let at = if trial.cos_next.is_none() {
+                        "next-token"
+                    } else {
+                        "one-step-later"
+                    };
                     trial.error = Some(if bad > 0 {
                         format!("{bad} logits are not finite")
                     } else {
-                        "constant logits".into()
+                        format!("the padded run's {at} logits are constant")
                     });
                 }
             }
@@ -320,7 +346,7 @@ fn log(d: &TailDecision) {
     let figures: Vec<String> = d
         .calibration
         .iter()
-        .flat_map(|c| c.trials.iter().map(LayoutTrial::summary))
+        .flat_map(|c| c.trials.iter().map(PadTrial::summary))
         .collect();
     let auto_stepped = d.mode == TailMode::Stepped
         && d.requested == crate::PrefillTail::Auto

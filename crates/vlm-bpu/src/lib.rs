@@ -34,6 +34,7 @@ mod kept;
 pub mod lock;
 mod logits;
 mod open;
+pub mod pad_marking;
 pub mod pool;
 pub mod report;
 pub mod sim;
@@ -64,7 +65,7 @@ use logits::LogitsAt;
 pub use pool::PoolCheck;
 pub use source::{open_assistant, ModelSource, OpenError, OpenOptions};
 use step::Io;
-pub use tail::{PrefillTail, TailDecision, TailMode};
+pub use tail::{PadMarking, PadMask, PadRope, PrefillTail, TailDecision, TailMode};
 use tower::Tower;
 
 /// How to open a package.
@@ -84,9 +85,10 @@ pub struct BpuOptions {
     pub lock_path: Option<PathBuf>,
     /// How a prompt tail of at least `prefill_min_tail` rows runs when the package sets
     /// `prefill_pads` (contract §4.4, inferred, unconfirmed on a board): [`PrefillTail::Auto`]
-    /// (default) calibrates the pad layout at open (cached per package) and steps when it
-    /// cannot; `Stepped` is correct with every package; `PadsFirst` / `PadsLast` force a
-    /// layout. Shorter tails, and every tail of a package without `prefill_pads`, are stepped.
+    /// (default) calibrates the pad layout and marking ([`PadMarking`]) at open (cached per
+    /// package) and steps when it cannot; `Stepped` is correct with every package;
+    /// `PadsFirst` / `PadsLast` force a layout with the default marking. Shorter tails, and
+    /// every tail of a package without `prefill_pads`, are stepped.
     pub prefill_tail: PrefillTail,
     /// Where the calibrated tail decision is cached (`None`: [`tail_cache::cache_dir`]).
     pub cache_dir: Option<PathBuf>,
@@ -328,7 +330,7 @@ impl Backend for BpuBackend {
     }
 
     fn pads_tail(&self, rows: usize) -> bool {
-        self.pad_tail_layout(rows).is_some()
+        self.pad_tail_marking(rows).is_some()
     }
 
     fn consumed(&self) -> usize {

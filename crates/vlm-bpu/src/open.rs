@@ -24,7 +24,7 @@ use crate::error::load_error;
 use crate::logits::LogitsAt;
 use crate::pool::{self, PoolCheck, PoolReading};
 use crate::step::Io;
-use crate::tail::{TailDecision, TailMode};
+use crate::tail::TailDecision;
 use crate::tower::Tower;
 use crate::{lock, state, BpuBackend, BpuError, BpuOptions, EmbedTable, EngineLock, RuntimeInfo};
 
@@ -430,15 +430,11 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
     };
     packed.push(main);
     // Decided by `decide_tail` once the state is clear.
-    let tail = TailDecision {
-        mode: TailMode::Stepped,
-        requested: opts.prefill_tail,
-        min_tail: None,
-        chunk: info.prefill_chunk,
-        reason: "not decided yet".into(),
-        calibration: None,
-        cached: false,
-    };
+    let tail = TailDecision::stepped(
+        opts.prefill_tail,
+        info.prefill_chunk,
+        "not decided yet".into(),
+    );
     let sched = Sched {
         priority: opts.priority,
         core_mask: Sched::cores(cfg.bpu_cores),

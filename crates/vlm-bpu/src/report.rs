@@ -18,7 +18,7 @@ use vlm::package::ModelConfig;
 
 use crate::check::{check_package, CheckReport, GraphReport};
 use crate::contract::FIXED_IN;
-use crate::tail::{plan, Plan, TailDecision, TailMode};
+use crate::tail::{plan, PadLayout, PadMask, PadRope, Plan, TailDecision, TailMode};
 use crate::{pool, tail_cache, BpuBackend, BpuOptions, RuntimeInfo};
 
 /// Everything `vlm check --report` shows.
@@ -38,6 +38,15 @@ pub struct PackageReport {
     pub memory: Option<Memory>,
     /// `stepped`, `pads_first` or `pads_last`.
     pub prefill_tail: TailMode,
+    /// The pads' rope, `identity` (cos 1, sin 0) or `zero` (cos 0, sin 0); null when stepped.
+    pub pad_rope: Option<PadRope>,
+    /// The pads' mask row, `masked` (every column) or `self` (only its own slot open); null
+    /// when stepped.
+    pub pad_mask: Option<PadMask>,
+    /// Every trial of the calibration behind the decision (also a cached one), in the order
+    /// run; empty when no calibration was needed (stepped by the package or the request, or
+    /// a forced layout).
+    pub calibration_trials: Vec<TrialEntry>,
     pub prefill_tail_decision: TailDecision,
     pub violations: Vec<String>,
     /// What does not stop the package but a board owner should know (a pool that looks too
@@ -57,6 +66,39 @@ pub struct Manifest {
     pub prefill_min_tail: Option<u32>,
     pub eos: Vec<u32>,
     pub vision: bool,
+}
+
+/// One calibration trial: a pad marking against stepping.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrialEntry {
+    /// `first` or `last`.
+    pub layout: PadLayout,
+    pub rope: PadRope,
+    pub mask: PadMask,
+    /// Centred cosine of the logits against stepping: the next token, one decode step later
+    /// (null where the run failed).
+    pub cosine: [Option<f32>; 2],
+    /// The top-1 token agrees with stepping at both steps.
+    pub top1_agree: bool,
+    /// This marking is the decision.
+    pub chosen: bool,
+}
+
+/// The trials of `d`'s calibration, the decided one marked.
+pub fn trial_entries(d: &TailDecision) -> Vec<TrialEntry> {
+    let decided = d.marking();
+    d.calibration
+        .iter()
+        .flat_map(|c| &c.trials)
+        .map(|t| TrialEntry {
+            layout: t.marking.layout,
+            rope: t.marking.rope,
+            mask: t.marking.mask,
+            cosine: [t.cos_next, t.cos_step],
+            top1_agree: t.top1_agree,
+            chosen: decided == Some(t.marking),
+        })
+        .collect()
 }
 
 /// One `.hbm` file and the graphs it supplied.
@@ -203,6 +245,9 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
         prefill_chunk: r.prefill_chunk,
         memory,
         prefill_tail: decision.mode,
+        pad_rope: decision.pad_rope,
+        pad_mask: decision.pad_mask,
+        calibration_trials: trial_entries(&decision),
         prefill_tail_decision: decision,
         violations,
         warnings,
@@ -362,15 +407,7 @@ fn tail_decision(
     violations: &mut Vec<String>,
 ) -> TailDecision {
     let chunk = r.prefill_chunk.unwrap_or(0);
-    let stepped = |reason: String| TailDecision {
-        mode: TailMode::Stepped,
-        requested: opts.prefill_tail,
-        min_tail: None,
-        chunk,
-        reason,
-        calibration: None,
-        cached: false,
-    };
+    let stepped = |reason: String| TailDecision::stepped(opts.prefill_tail, chunk, reason);
     let Some(cfg) = r.config.as_ref() else {
         return stepped("no readable manifest".into());
     };

@@ -16,7 +16,8 @@ use vlm::engine::{check_rows, Backend, EngineError, StateShape};
 
 use crate::contract::FIXED_IN;
 use crate::error::device;
-use crate::tail::PadLayout;
+use crate::pad_marking::{pad_inputs, PadRows};
+use crate::tail::{PadLayout, PadMarking};
 use crate::{state, BpuBackend, BpuError};
 
 /// Input index of the window mask among the fixed inputs.
@@ -74,7 +75,7 @@ fn write_input(buf: &mut DeviceBuffer, spec: &TensorSpec, data: &[f32]) -> Resul
 
 impl BpuBackend {
     /// Runs `rows` as whole prefill chunks while they last, then the tail padded to one chunk
-    /// when [`Self::pad_tail_layout`] says so, else row by row; `interrupt` is asked before
+    /// when [`Self::pad_tail_marking`] says so, else row by row; `interrupt` is asked before
     /// every run.
     pub(crate) fn step_rows(
         &mut self,
@@ -91,10 +92,12 @@ impl BpuBackend {
                 return Ok(false);
             }
             let rest = n - i;
-            let (take, pad) = if chunk >= 2 && rest >= chunk {
+            let (take, pad) = if self.first_row_alone() {
+                (1, None)
+            } else if chunk >= 2 && rest >= chunk {
                 (chunk, None)
-            } else if let Some(layout) = self.pad_tail_layout(rest) {
-                (rest, Some(layout))
+            } else if let Some(marking) = self.pad_tail_marking(rest) {
+                (rest, Some(marking))
             } else {
                 (1, None)
             };
@@ -105,30 +108,43 @@ impl BpuBackend {
         Ok(true)
     }
 
-    /// The pad layout when a tail of `t` rows goes through the prefill graph padded to `N`:
-    /// padding decided ([`crate::tail::TailDecision`]), `prefill_min_tail <= t < N`, and `N`
-    /// free slots (the graph shifts every window by `N` before the host takes the pad rows
-    /// back out).
-    pub(crate) fn pad_tail_layout(&self, t: usize) -> Option<PadLayout> {
+    /// The pad layout and marking when a tail of `t` rows goes through the prefill graph
+    /// padded to `N`: padding decided ([`crate::tail::TailDecision`]), `prefill_min_tail <= t
+    /// < N`, and `N` free slots (the graph shifts every window by `N` before the host takes
+    /// the pad rows back out).
+    pub(crate) fn pad_tail_marking(&self, t: usize) -> Option<PadMarking> {
         let n = self.info.prefill_chunk;
         let min = self.tail.min_tail?;
-        let fits = t >= min && t < n && self.context_left() >= n;
-        self.tail.mode.layout().filter(|_| fits)
+        let fits = t >= min && t < n && self.context_left() >= n && !self.first_row_alone();
+        self.tail.marking().filter(|_| fits)
+    }
+
+    /// Whether the next row goes alone through the decode graph because, under the decided
+    /// marking, a graph would take it for a pad: the first row of an empty window sits at
+    /// position 0 and sees only its own slot, exactly an `identity` + `self` pad. One decode
+    /// run per prompt into an empty window, and only under that marking.
+    fn first_row_alone(&self) -> bool {
+        self.consumed == 0
+            && self
+                .tail
+                .marking()
+                .is_some_and(PadMarking::ambiguous_in_empty_window)
     }
 
     /// Runs `positions.len()` rows through the decode graph (1 row) or the prefill graph
-    /// (`N` rows, or fewer padded to `N` where `pad` says: pad rows are zero with cos 1 /
-    /// sin 0 and a fully masked mask row, contract §4.4).
+    /// (`N` rows, or fewer padded to `N` where and as `pad` says: pad rows are zero, with the
+    /// marking's rope and mask row, contract §4.4).
     pub(crate) fn run_chunk(
         &mut self,
         rows: &[f32],
         positions: &[Pos3],
-        pad: Option<PadLayout>,
+        pad: Option<PadMarking>,
     ) -> Result<(), EngineError> {
         let n = positions.len();
         let g_rows = self.graph_rows(rows.len(), n, pad.is_some())?;
-        let layout = pad.filter(|_| g_rows > n);
-        let inputs = self.inputs(rows, positions, g_rows, layout)?;
+        let marking = pad.filter(|_| g_rows > n);
+        let inputs = self.inputs(rows, positions, g_rows, marking)?;
+        let layout = marking.map(|m| m.layout);
         let off = self.run_graph(&inputs, g_rows, n, layout)?;
         if let Some(layout) = layout {
             let out = self.out_set();
@@ -177,14 +193,14 @@ impl BpuBackend {
         Ok(g_rows)
     }
 
-    /// The fixed inputs for `g_rows` graph rows; the `g_rows − n` pads go where `layout`
-    /// says.
+    /// The fixed inputs for `g_rows` graph rows; the `g_rows − n` pads go where and as
+    /// `marking` says.
     fn inputs<'a>(
         &mut self,
         rows: &'a [f32],
         positions: &[Pos3],
         g_rows: usize,
-        layout: Option<PadLayout>,
+        marking: Option<PadMarking>,
     ) -> Result<Inputs<'a>, EngineError> {
         let n = positions.len();
         let rope: Vec<qwen35::Pos3> = positions.iter().map(|&p| p.into()).collect();
@@ -197,7 +213,7 @@ impl BpuBackend {
         } else {
             qwen35::window_mask(self.consumed, g_rows, cl, self.shape.mask_heads)
         };
-        let Some(layout) = layout.filter(|_| g_rows > n) else {
+        let Some(marking) = marking.filter(|_| g_rows > n) else {
             return Ok(Inputs {
                 x: Cow::Borrowed(rows),
                 cos,
@@ -205,33 +221,14 @@ impl BpuBackend {
                 mask,
             });
         };
-        let (h, rot, pads) = (self.shape.hidden, self.shape.rot, g_rows - n);
-        let mut x = Vec::with_capacity(g_rows * h);
-        match layout {
-            PadLayout::Last => {
-                cos.resize(g_rows * rot, 1.0);
-                sin.resize(g_rows * rot, 0.0);
-                for plane in mask.chunks_exact_mut(g_rows * cl) {
-                    plane[n * cl..].fill(qwen35::MASK_NEG);
-                }
-                x.extend_from_slice(rows);
-                x.resize(g_rows * h, 0.0);
-            }
-            PadLayout::First => {
-                cos.splice(0..0, std::iter::repeat_n(1.0, pads * rot));
-                sin.splice(0..0, std::iter::repeat_n(0.0, pads * rot));
-                // Real row j (row pads + j) sees the old slots and the new rows up to its own,
-                // never the pad slots [CL − N, CL − n) between them.
-                for plane in mask.chunks_exact_mut(g_rows * cl) {
-                    plane[..pads * cl].fill(qwen35::MASK_NEG);
-                    for row in plane[pads * cl..].chunks_exact_mut(cl) {
-                        row[cl - g_rows..cl - n].fill(qwen35::MASK_NEG);
-                    }
-                }
-                x.resize(pads * h, 0.0);
-                x.extend_from_slice(rows);
-            }
-        }
+        let pads = PadRows {
+            rows,
+            hidden: self.shape.hidden,
+            rot: self.shape.rot,
+            window: cl,
+            g_rows,
+        };
+        let x = pad_inputs(marking, &pads, &mut cos, &mut sin, &mut mask);
         Ok(Inputs {
             x: Cow::Owned(x),
             cos,

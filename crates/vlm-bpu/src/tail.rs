@@ -3,17 +3,22 @@
 //! chunk padded to `N` rows, when the package says its prefill graph takes pads
 //! (`"prefill_pads": true`) and the tail has at least `prefill_min_tail` rows.
 //!
-//! Where the pads go is not published: a graph compiled for pads in front
-//! ([`TailMode::PadsFirst`]) gives wrong state, K/V and logits to a runtime that puts them
-//! after the real rows, and the other way round. [`PrefillTail::Auto`] therefore measures it
-//! once per package ([`crate::calibrate`]) and caches the answer ([`crate::tail_cache`]);
-//! [`plan`] decides everything that needs no graph run.
+//! Where the pads go and how they are marked is not published: a graph compiled for pads in
+//! front ([`TailMode::PadsFirst`]) gives wrong state, K/V and logits to a runtime that puts
+//! them after the real rows, and the other way round, and one that recognises its pads by
+//! their rope or mask row ([`PadMarking`]) takes pads marked otherwise for real rows.
+//! [`PrefillTail::Auto`] therefore measures all eight combinations once per package
+//! ([`crate::calibrate`]) and caches the answer ([`crate::tail_cache`]); [`plan`] decides
+//! everything that needs no graph run. A forced `pads_first` / `pads_last` uses the default
+//! marking (cos 1 / sin 0, fully masked).
 
 use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use vlm::package::ModelConfig;
+
+pub use crate::pad_marking::{PadMarking, PadMask, PadRope};
 
 /// How a prompt tail is run ([`crate::BpuOptions::prefill_tail`]; parses `auto`, `stepped`,
 /// `pads_first`, `pads_last`).
@@ -122,6 +127,12 @@ impl PadLayout {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TailDecision {
     pub mode: TailMode,
+    /// Rope values of the pad rows (`None` when stepped).
+    #[serde(default)]
+    pub pad_rope: Option<PadRope>,
+    /// Mask row of the pad rows (`None` when stepped).
+    #[serde(default)]
+    pub pad_mask: Option<PadMask>,
     /// What was asked for.
     pub requested: PrefillTail,
     /// Shortest tail that is padded (`prefill_min_tail`, at least 2); `None` when stepped.
@@ -136,37 +147,80 @@ pub struct TailDecision {
     pub cached: bool,
 }
 
-/// The figures of one calibration: a fixed prompt run stepped and with each padded layout.
+impl TailDecision {
+    /// A stepped decision (no pads, no calibration).
+    pub(crate) fn stepped(requested: PrefillTail, chunk: usize, reason: String) -> Self {
+        Self {
+            mode: TailMode::Stepped,
+            pad_rope: None,
+            pad_mask: None,
+            requested,
+            min_tail: None,
+            chunk,
+            reason,
+            calibration: None,
+            cached: false,
+        }
+    }
+
+    /// Padded with `m`.
+    pub(crate) fn set_padded(&mut self, m: PadMarking, min_tail: usize) {
+        self.mode = m.layout.mode();
+        self.pad_rope = Some(m.rope);
+        self.pad_mask = Some(m.mask);
+        self.min_tail = Some(min_tail);
+    }
+
+    /// How pads are laid out and marked; `None` when stepped.
+    pub fn marking(&self) -> Option<PadMarking> {
+        Some(PadMarking {
+            layout: self.mode.layout()?,
+            rope: self.pad_rope.unwrap_or_default(),
+            mask: self.pad_mask.unwrap_or_default(),
+        })
+    }
+}
+
+/// The figures of one calibration: a fixed prompt run stepped and as one padded chunk with
+/// each [`PadMarking`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Calibration {
-    /// Rows of the calibration prompt (the padded chunk's real rows).
+    /// Rows of the calibration prompt that go into the padded chunk (its real rows).
     pub prompt_rows: usize,
+    /// Rows stepped before that chunk in every run, so that the chunk meets a non-empty
+    /// window, as a tail after whole chunks does.
+    pub prefix_rows: usize,
     /// Stepped run: the next token and its lead over the runner-up, in logits.
     pub top1: u32,
     pub margin: f32,
-    /// A layout is kept when both cosines are at least this.
+    /// Stepped run: the top-1 token one decode step later.
+    pub top1_step: u32,
+    /// A marking is kept when both cosines are at least this and both top-1 tokens agree.
     pub threshold: f32,
-    pub trials: Vec<LayoutTrial>,
+    /// One per [`PadMarking::all`], in that order: every trial runs.
+    pub trials: Vec<PadTrial>,
     /// Wall time of the calibration runs.
     pub seconds: f64,
 }
 
-/// One padded layout against stepping.
+/// One padded marking against stepping.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LayoutTrial {
-    pub mode: TailMode,
+pub struct PadTrial {
+    pub marking: PadMarking,
     /// Cosine of the centred next-token logits, padded vs stepped.
     pub cos_next: Option<f32>,
     /// The same after one further decode step (which reads the K/V window the runtime fixed
-    /// up after the padded chunk).
+    /// up after the padded chunk, and the GDN state the pads may have touched).
     pub cos_step: Option<f32>,
     pub top1_next: Option<u32>,
     pub top1_step: Option<u32>,
-    /// The runs failed (the layout is not kept).
+    /// Both top-1 tokens are the stepped run's.
+    pub top1_agree: bool,
+    /// The runs failed (the marking is not kept).
     pub error: Option<String>,
 }
 
-impl LayoutTrial {
+impl PadTrial {
     /// The smaller of the two cosines (the trial's figure of merit); `None` after an error.
     pub fn score(&self) -> Option<f32> {
         match (self.cos_next, self.cos_step, &self.error) {
@@ -175,17 +229,24 @@ impl LayoutTrial {
         }
     }
 
+    /// Whether the trial may be kept: no error, top-1 agreement at both steps and both
+    /// cosines at least [`COSINE_MIN`].
+    pub fn passes(&self) -> bool {
+        self.top1_agree && self.score().is_some_and(|s| s >= COSINE_MIN)
+    }
+
     /// One line for logs and reports.
     pub fn summary(&self) -> String {
+        let m = self.marking;
         match (&self.error, self.cos_next, self.cos_step) {
-            (Some(e), ..) => format!("{}: failed ({e})", self.mode),
+            (Some(e), ..) => format!("{m}: no figures ({e})"),
             (None, Some(a), Some(b)) => format!(
-                "{}: cosine {a:.4} next token, {b:.4} one step later (top-1 {} / {})",
-                self.mode,
+                "{m}: cosine {a:.4} next token, {b:.4} one step later (top-1 {} / {}, {})",
                 self.top1_next.map_or("-".into(), |t| t.to_string()),
                 self.top1_step.map_or("-".into(), |t| t.to_string()),
+                if self.top1_agree { "agrees" } else { "differs" },
             ),
-            _ => format!("{}: no figures", self.mode),
+            _ => format!("{m}: no figures"),
         }
     }
 }
@@ -213,18 +274,8 @@ pub(crate) fn plan(
     no_prefill_graph: bool,
     has_weights: Option<bool>,
 ) -> Plan {
-    let decided = |mode: TailMode, min_tail: Option<usize>, reason: String| {
-        Plan::Decided(TailDecision {
-            mode,
-            requested,
-            min_tail,
-            chunk,
-            reason,
-            calibration: None,
-            cached: false,
-        })
-    };
-    let stepped = |reason: &str| decided(TailMode::Stepped, None, reason.to_owned());
+    let stepped =
+        |reason: &str| Plan::Decided(TailDecision::stepped(requested, chunk, reason.to_owned()));
     if no_prefill_graph {
         return stepped("the prefill graph is turned off: every row is stepped");
     }
@@ -245,16 +296,23 @@ pub(crate) fn plan(
     }
     match requested {
         PrefillTail::PadsFirst | PrefillTail::PadsLast => {
-            let mode = if requested == PrefillTail::PadsFirst {
-                TailMode::PadsFirst
+            let layout = if requested == PrefillTail::PadsFirst {
+                PadLayout::First
             } else {
-                TailMode::PadsLast
+                PadLayout::Last
             };
-            decided(
-                mode,
-                Some(min_tail),
-                format!("{mode} as requested (tails of {min_tail}..{chunk} rows)"),
-            )
+            // Forced: the default marking (only a calibration picks another).
+            let m = PadMarking::default_for(layout);
+            let mut d = TailDecision::stepped(
+                requested,
+                chunk,
+                format!(
+                    "{} as requested ({m}; tails of {min_tail}..{chunk} rows)",
+                    layout.mode()
+                ),
+            );
+            d.set_padded(m, min_tail);
+            Plan::Decided(d)
         }
         _ if has_weights == Some(false) => stepped(
             "the package has no weights (synthetic logits), so the pad layout cannot be \
@@ -264,15 +322,17 @@ pub(crate) fn plan(
     }
 }
 
-/// Picks the layout from calibration trials: the one closest to stepping, if both its
-/// cosines reach [`COSINE_MIN`].
-pub(crate) fn choose(trials: &[LayoutTrial]) -> Option<TailMode> {
-    trials
-        .iter()
-        .filter_map(|t| t.score().map(|s| (t.mode, s)))
-        .filter(|&(_, s)| s >= COSINE_MIN)
-        .max_by(|a, b| a.1.total_cmp(&b.1))
-        .map(|(m, _)| m)
+/// Picks the marking from calibration trials: among those that pass ([`PadTrial::passes`]),
+/// the one closest to stepping by its worse cosine; a tie goes to the earlier trial.
+pub(crate) fn choose(trials: &[PadTrial]) -> Option<PadMarking> {
+    let mut best: Option<(PadMarking, f32)> = None;
+    for t in trials.iter().filter(|t| t.passes()) {
+        let s = t.score().unwrap_or(f32::NEG_INFINITY);
+        if best.is_none_or(|(_, b)| s > b) {
+            best = Some((t.marking, s));
+        }
+    }
+    best.map(|(m, _)| m)
 }
 
 /// Cosine of two logits rows after subtracting each row's mean: a language model's logits
@@ -316,13 +376,14 @@ pub(crate) fn top1(l: &[f32]) -> Option<(u32, f32)> {
 mod tests {
     use super::*;
 
-    fn trial(mode: TailMode, a: f32, b: f32) -> LayoutTrial {
-        LayoutTrial {
-            mode,
+    fn trial(m: PadMarking, a: f32, b: f32) -> PadTrial {
+        PadTrial {
+            marking: m,
             cos_next: Some(a),
             cos_step: Some(b),
-            top1_next: None,
-            top1_step: None,
+            top1_next: Some(1),
+            top1_step: Some(2),
+            top1_agree: true,
             error: None,
         }
     }
@@ -336,21 +397,66 @@ mod tests {
     }
 
     #[test]
-    fn the_closest_layout_above_the_threshold_is_kept() {
-        let f = trial(TailMode::PadsFirst, 0.999, 0.995);
-        let l = trial(TailMode::PadsLast, 0.3, 0.1);
-        assert_eq!(choose(&[f.clone(), l.clone()]), Some(TailMode::PadsFirst));
+    fn the_closest_passing_marking_is_kept() {
+        let all = PadMarking::all();
+        let f = trial(all[0], 0.999, 0.995);
+        let l = trial(all[4], 0.3, 0.1);
+        assert_eq!(choose(&[f.clone(), l.clone()]), Some(all[0]));
         // Both above: the closer one (by the worse of its two steps); one step below the
         // threshold disqualifies.
-        let l2 = trial(TailMode::PadsLast, 0.9995, 0.9991);
-        assert_eq!(choose(&[f.clone(), l2]), Some(TailMode::PadsLast));
-        let low = trial(TailMode::PadsFirst, 0.999, 0.98);
-        assert_eq!(choose(&[low, l]), None);
-        let failed = LayoutTrial {
+        let l2 = trial(all[7], 0.9995, 0.9991);
+        assert_eq!(choose(&[f.clone(), l2.clone()]), Some(all[7]));
+        let low = trial(all[0], 0.999, 0.98);
+        assert_eq!(choose(&[low, l.clone()]), None);
+        let failed = PadTrial {
             error: Some("device".into()),
-            ..f
+            ..f.clone()
         };
         assert_eq!(choose(&[failed]), None);
+        // A top-1 disagreement disqualifies even a high cosine.
+        let disagree = PadTrial {
+            top1_agree: false,
+            ..l2.clone()
+        };
+        assert_eq!(choose(&[f.clone(), disagree]), Some(all[0]));
+        // A tie goes to the earlier trial.
+        let tie = trial(all[5], 0.999, 0.995);
+        assert_eq!(choose(&[f.clone(), tie.clone()]), Some(all[0]));
+        assert_eq!(choose(&[tie, f]), Some(all[5]));
+    }
+
+    #[test]
+    fn a_forced_layout_uses_the_default_marking() {
+        let text = r#"{
+            "name": "t", "arch": "hybrid", "backend": "native", "hbm": "model.hbm",
+            "hbm_prefill": "model_prefill.hbm", "tokenizer": "tokenizer.json",
+            "embed": "embed_tokens.bin", "eos": [2], "cache_len": 512, "graph": "qwen35",
+            "chat": {"format": "chatml", "im_start": 1, "im_end": 2, "system": "s"},
+            "rope_theta": 10000000, "mrope_section": [11, 11, 10], "mrope_interleaved": true,
+            "prefill_pads": true, "prefill_min_tail": 4, "dialect": "qwen3.5"
+        }"#;
+        let cfg = ModelConfig::parse(
+            text,
+            std::path::Path::new("/pkg"),
+            std::path::Path::new("/pkg/model.json"),
+            vlm::package::LoadOptions::default(),
+        )
+        .unwrap();
+        for (req, layout) in [
+            (PrefillTail::PadsFirst, PadLayout::First),
+            (PrefillTail::PadsLast, PadLayout::Last),
+        ] {
+            let Plan::Decided(d) = plan(req, &cfg, 32, false, None) else {
+                panic!("{req}: not decided");
+            };
+            assert_eq!(d.marking(), Some(PadMarking::default_for(layout)));
+            assert_eq!(d.pad_rope, Some(PadRope::Identity));
+            assert_eq!(d.pad_mask, Some(PadMask::Masked));
+        }
+        let Plan::Decided(d) = plan(PrefillTail::Stepped, &cfg, 32, false, None) else {
+            panic!("stepped: not decided");
+        };
+        assert_eq!((d.marking(), d.pad_rope, d.pad_mask), (None, None, None));
     }
 
     #[test]

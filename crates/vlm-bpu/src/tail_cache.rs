@@ -19,8 +19,9 @@ pub const CACHE_DIR_ENV: &str = "VLM_BPU_CACHE_DIR";
 pub const CACHE_FILE: &str = "prefill_tail.json";
 
 /// Bumped whenever the calibration prompt, the criterion or the padded-tail protocol
-/// changes, so older decisions are not reused.
-const PROTOCOL: u32 = 1;
+/// changes, so older decisions are not reused. 2: eight pad markings (layout × rope × mask
+/// row) from a one-row prefix, top-1 agreement required.
+const PROTOCOL: u32 = 2;
 
 /// The cache folder: `explicit`, else `$VLM_BPU_CACHE_DIR`, else `$XDG_CACHE_HOME/bpu_vlm`,
 /// else `$HOME/.cache/bpu_vlm`; `None` when none is set.
@@ -94,10 +95,13 @@ struct Entry {
     decision: TailDecision,
 }
 
+/// Entries are kept as raw JSON and decoded one at a time, so an entry written by another
+/// version of the runtime (whose decision may not even parse) is ignored on lookup and kept
+/// as it is on a write, instead of making the whole file unreadable.
 #[derive(Debug, Default, Serialize, Deserialize)]
 struct CacheFile {
     /// Package folder (canonical) → entry.
-    entries: BTreeMap<PathBuf, Entry>,
+    entries: BTreeMap<PathBuf, serde_json::Value>,
 }
 
 fn read(file: &Path) -> CacheFile {
@@ -117,8 +121,18 @@ fn package_key(dir: &Path) -> PathBuf {
 /// The cached decision for the package in `dir`, if its key still matches.
 pub(crate) fn lookup(cache: &Path, dir: &Path, key: &CacheKey) -> Option<TailDecision> {
     let mut f = read(&cache.join(CACHE_FILE));
-    let e = f.entries.remove(&package_key(dir))?;
-    if e.key == *key {
+    let raw = f.entries.remove(&package_key(dir))?;
+    // The key first: an entry of another runtime version is stale whatever its decision
+    // looks like, so it is not decoded at all.
+    let same_key = raw
+        .get("key")
+        .cloned()
+        .and_then(|k| serde_json::from_value::<CacheKey>(k).ok())
+        .is_some_and(|k| k == *key);
+    let entry = same_key
+        .then(|| serde_json::from_value::<Entry>(raw).ok())
+        .flatten();
+    if let Some(e) = entry {
         Some(e.decision)
     } else {
         tracing::info!(
@@ -137,13 +151,12 @@ pub(crate) fn store(cache: &Path, dir: &Path, key: &CacheKey, decision: &TailDec
         std::fs::create_dir_all(cache).map_err(|e| e.to_string())?;
         let mut f = read(&file);
         f.entries.retain(|d, _| d.is_dir());
-        f.entries.insert(
-            package_key(dir),
-            Entry {
-                key: key.clone(),
-                decision: decision.clone(),
-            },
-        );
+        let entry = Entry {
+            key: key.clone(),
+            decision: decision.clone(),
+        };
+        let entry = serde_json::to_value(entry).map_err(|e| e.to_string())?;
+        f.entries.insert(package_key(dir), entry);
         let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())?;
         let tmp = cache.join(format!("{CACHE_FILE}.{}.tmp", std::process::id()));
         std::fs::write(&tmp, text).map_err(|e| e.to_string())?;

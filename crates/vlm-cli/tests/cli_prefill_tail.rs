@@ -294,6 +294,101 @@ fn check_report_lists_what_the_board_would_show_on_every_variant() {
     assert_eq!(j["prefill_tail"], "pads_first", "{text}");
 }
 
+/// Issue 22 part 4: a package built by `vlm make-sim-package` for each pad layout × pad rope
+/// × pad mask row is reported with the variant it was built with (the calibration decides
+/// from the graphs' outputs only: `model.json` does not say), every trial listed, also when
+/// the decision comes from the cache; a package without `prefill_pads` stays stepped.
+#[test]
+fn check_report_names_each_of_the_eight_pad_variants() {
+    let cache = tempfile::tempdir().unwrap();
+    for layout in ["first", "last"] {
+        for rope in ["identity", "zero"] {
+            for mask in ["masked", "self"] {
+                let what = format!("{layout}/{rope}/{mask}");
+                let tmp = tempfile::tempdir().unwrap();
+                let d = tmp.path().join("pkg");
+                let mut args = strings(&["make-sim-package", "--hf"]);
+                args.push(common::model_dir(MODEL).display().to_string());
+                args.push("--out".into());
+                args.push(d.display().to_string());
+                args.extend(strings(&["--prefill-pads", "--prefill-min-tail", "4"]));
+                args.extend(strings(&["--pad-layout", layout, "--pad-rope", rope]));
+                args.extend(strings(&["--pad-mask", mask]));
+                ok(&vlm(&args, cache.path(), &[]), &what);
+                let manifest = std::fs::read_to_string(d.join("model.json")).unwrap();
+                assert!(
+                    !manifest.contains(rope) && !manifest.contains("\"self\""),
+                    "{what}: model.json names the marking"
+                );
+                // First the calibration (the text report; its JSON twin reads the cache),
+                // then only cached decisions: the same answer, with every trial.
+                for round in ["calibrated", "cached"] {
+                    let (good, text, j) = report(&d, &[], cache.path());
+                    assert!(good, "{what} {round}:\n{text}");
+                    let want_tail = format!("pads_{layout}");
+                    assert_eq!(j["prefill_tail"], want_tail.as_str(), "{what} {round}: {j}");
+                    assert_eq!(j["pad_rope"], rope, "{what} {round}");
+                    assert_eq!(j["pad_mask"], mask, "{what} {round}");
+                    assert_eq!(j["prefill_tail_decision"]["cached"], true, "{what} {round}");
+                    assert_eq!(
+                        text.contains("from the cache"),
+                        round == "cached",
+                        "{what} {round}:\n{text}"
+                    );
+                    let trials = j["calibration_trials"].as_array().unwrap();
+                    assert_eq!(trials.len(), 8, "{what} {round}: every trial listed");
+                    let mut seen = Vec::new();
+                    for t in trials {
+                        let key = (
+                            t["layout"].as_str().unwrap().to_owned(),
+                            t["rope"].as_str().unwrap().to_owned(),
+                            t["mask"].as_str().unwrap().to_owned(),
+                        );
+                        let built = key == (layout.into(), rope.into(), mask.into());
+                        assert_eq!(t["chosen"], built, "{what} {round}: {t}");
+                        assert_eq!(t["top1_agree"], built, "{what} {round}: {t}");
+                        let cosine = t["cosine"].as_array().unwrap();
+                        assert_eq!(cosine.len(), 2, "{what}: {t}");
+                        if built {
+                            for c in cosine {
+                                assert!(c.as_f64().unwrap() >= 0.9999, "{what}: {t}");
+                            }
+                        }
+                        seen.push(key);
+                    }
+                    seen.sort();
+                    seen.dedup();
+                    assert_eq!(seen.len(), 8, "{what}: eight distinct trials");
+                    assert!(
+                        text.contains(&format!("pad rope {rope}, pad mask {mask}")),
+                        "{what} {round}:\n{text}"
+                    );
+                }
+            }
+        }
+    }
+    // No `prefill_pads`: stepped, no marking, no trial.
+    let d = tempfile::tempdir().unwrap();
+    sim_package(MODEL, d.path(), |_| {});
+    let (_, _, j) = report(d.path(), &[], cache.path());
+    assert_eq!(j["prefill_tail"], "stepped");
+    assert!(j["pad_rope"].is_null() && j["pad_mask"].is_null(), "{j}");
+    assert_eq!(j["calibration_trials"], serde_json::json!([]));
+    // A forced layout: the default marking, no calibration.
+    let d = tempfile::tempdir().unwrap();
+    pads_package(d.path(), PadLayout::Last);
+    let (_, _, j) = report(d.path(), &["--prefill-tail", "pads_first"], cache.path());
+    assert_eq!(
+        (&j["prefill_tail"], &j["pad_rope"], &j["pad_mask"]),
+        (
+            &serde_json::json!("pads_first"),
+            &serde_json::json!("identity"),
+            &serde_json::json!("masked")
+        )
+    );
+    assert_eq!(j["calibration_trials"], serde_json::json!([]));
+}
+
 /// `vlm bench` JSON on `dir` under the timing model `timing`.
 fn bench(dir: &Path, extra: &[&str], timing: &str, cache: &Path) -> serde_json::Value {
     let mut args = strings(&["bench"]);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use bpu_sim::package::{make_sim_package, PackageOptions, PrefillIn};
-use bpu_sim::{LogitsType, PadLayout};
+use bpu_sim::{LogitsType, PadLayout, PadMask, PadRope};
 use clap::{Args, ValueEnum};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -30,6 +30,25 @@ pub enum PadLayoutArg {
     First,
     /// Pads after the real rows; the graph outputs the last real row's logits.
     Last,
+}
+
+/// The rope values by which the padded prefill graph recognises a pad row.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PadRopeArg {
+    /// cos 1, sin 0 (what the runtime writes unless calibrated otherwise).
+    Identity,
+    /// cos 0, sin 0.
+    Zero,
+}
+
+/// The mask row by which the padded prefill graph recognises a pad row.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum PadMaskArg {
+    /// Every column masked (what the runtime writes unless calibrated otherwise).
+    Masked,
+    /// Only the pad's own slot open.
+    #[value(name = "self")]
+    SelfOnly,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -79,11 +98,25 @@ pub struct MakeSimPackageArgs {
     /// `prefill_min_tail` written with --prefill-pads.
     #[arg(long, value_name = "N")]
     pub prefill_min_tail: Option<usize>,
-    /// Where the padded prefill graph expects its pad rows (it counts the real rows from the
-    /// mask and takes the others as pads, whatever the runtime put there). Not written to
-    /// model.json: the runtime has to find out (`--prefill-tail auto` calibrates).
+    /// Where the padded prefill graph expects its pad rows (it counts the pads as the rows
+    /// marked with --pad-rope and --pad-mask and takes the rows of its layout as the pads,
+    /// whatever the runtime put there). Not written to model.json: the runtime has to find
+    /// out (`--prefill-tail auto` calibrates).
     #[arg(long, value_enum, default_value = "last", requires = "prefill_pads")]
     pub pad_layout: PadLayoutArg,
+    /// The rope values of a pad row the padded prefill graph recognises (a runtime writing
+    /// others gets wrong numbers). Not written to model.json.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "identity",
+        requires = "prefill_pads"
+    )]
+    pub pad_rope: PadRopeArg,
+    /// The mask row of a pad the padded prefill graph recognises (a runtime writing another
+    /// gets wrong numbers). Not written to model.json.
+    #[arg(long, value_enum, default_value = "masked", requires = "prefill_pads")]
+    pub pad_mask: PadMaskArg,
     /// Rank of the vision tower's input and output: 2 (`[n, len]`) or more (leading 1s, e.g.
     /// 3 for `[1, n, len]`).
     #[arg(long, value_name = "N", default_value_t = 2)]
@@ -138,6 +171,14 @@ pub fn run(args: &MakeSimPackageArgs) -> anyhow::Result<()> {
     o.pad_layout = match args.pad_layout {
         PadLayoutArg::First => PadLayout::First,
         PadLayoutArg::Last => PadLayout::Last,
+    };
+    o.pad_rope = match args.pad_rope {
+        PadRopeArg::Identity => PadRope::Identity,
+        PadRopeArg::Zero => PadRope::Zero,
+    };
+    o.pad_mask = match args.pad_mask {
+        PadMaskArg::Masked => PadMask::Masked,
+        PadMaskArg::SelfOnly => PadMask::SelfOnly,
     };
     let summary = make_sim_package(&o)
         .with_context(|| format!("writing sim package {}", args.out.display()))?;

@@ -191,9 +191,16 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     let range = d.min_tail.map_or(String::new(), |m| {
         format!(", tails of {m}..{} rows", d.chunk)
     });
+    let marking = d.marking().map_or(String::new(), |m| {
+        format!(
+            ", pad rope {}, pad mask {}",
+            m.rope.as_str(),
+            m.mask.as_str()
+        )
+    });
     writeln!(
         out,
-        "  decision          {} (asked: {}{range}{})",
+        "  decision          {}{marking} (asked: {}{range}{})",
         d.mode,
         d.requested,
         if d.cached { ", from the cache" } else { "" }
@@ -202,11 +209,17 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     if let Some(c) = &d.calibration {
         writeln!(
             out,
-            "  calibration       {}-row prompt, stepped next token {} leads by {:.2}; keep at cosine ≥ {}; {:.2} s",
-            c.prompt_rows, c.top1, c.margin, c.threshold, c.seconds
+            "  calibration       {}-row chunk after {} stepped row(s), stepped next token {} leads by {:.2}; keep at top-1 agreement and cosine ≥ {}; {:.2} s",
+            c.prompt_rows, c.prefix_rows, c.top1, c.margin, c.threshold, c.seconds
         )?;
+        let chosen = d.marking();
         for t in &c.trials {
-            writeln!(out, "    {}", t.summary())?;
+            let mark = if chosen == Some(t.marking) {
+                "→"
+            } else {
+                " "
+            };
+            writeln!(out, "   {mark}{}", t.summary())?;
         }
     }
     writeln!(out, "graphs ({})", r.graphs.len())?;
