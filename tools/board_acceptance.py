@@ -33,6 +33,12 @@ PARITY_PROMPT = (
     'to a charging station. A person in an orange vest walks towards the robot carrying a '
     'ladder. Describe what the robot should do next and why, step by step.')
 CONTRAST_PROMPT = 'What is in this picture? Answer in one sentence.'
+# A real photo with a narrow answer (tools/fixtures/images/chelsea.png, CC0): on a board the
+# answer must name the animal. The simulator's random weights cannot, so there it is not judged.
+KNOWN_ANSWER_PHOTO = os.path.join(ROOT, 'tools', 'fixtures', 'images', 'chelsea.png')
+KNOWN_ANSWER_QUESTION = 'What animal is this? Answer with one word.'
+KNOWN_ANSWER_EXPECT = 'cat'
+KNOWN_ANSWER_NEW = 16
 PARITY_NEW = 49  # the first token and a 48-token greedy continuation
 CONTRAST_NEW = 24
 TEXT_TTFT_ROWS = 31
@@ -399,14 +405,45 @@ def section_contrast(r, a):
         runs[key] = {'tokens': res.get('tokens') or [], 'answer': res.get('answer', ''),
                      'prompt_tokens': res.get('prompt_tokens'), 'log': log}
     differ = runs['with_image']['tokens'] != runs['without_image']['tokens']
+    problems = [] if differ else ['the answers with and without the image are the same']
+    known = known_answer(r, a)
+    if known['pass'] is False:
+        # Reported beside the contrast check, which alone decides `contrast.pass`.
+        problems.append(f"the known-answer photo was not recognised: {known.get('error') or ''}"
+                        f"expected {KNOWN_ANSWER_EXPECT!r} in {known['answer']!r}")
     return {
         'pass': differ and bool(runs['with_image']['tokens']),
-        'problems': [] if differ else ['the answers with and without the image are the same'],
+        'problems': problems,
         'photo': os.path.relpath(a.photo, ROOT) if a.photo.startswith(ROOT) else a.photo,
         'question': CONTRAST_PROMPT,
         'simulator': a.sim,
         'runs': runs,
+        'known_answer': known,
     }
+
+
+def known_answer(r, a):
+    """The real photo's question: `pass` is whether the answer contains the expected word
+    (case-insensitive) on a board, null on the simulator (random weights answer at random)."""
+    rc, res, err, log = chat(r, a, 'contrast-known-answer', ['--image', KNOWN_ANSWER_PHOTO],
+                             KNOWN_ANSWER_NEW, KNOWN_ANSWER_QUESTION)
+    answer = res.get('answer', '') if res is not None else None
+    out = {
+        'question': KNOWN_ANSWER_QUESTION,
+        'expect': KNOWN_ANSWER_EXPECT,
+        'answer': answer,
+        'pass': None,
+        'photo': os.path.relpath(KNOWN_ANSWER_PHOTO, ROOT),
+        'log': log,
+    }
+    if rc != 0 or res is None:
+        out['error'] = f'vlm chat exited {rc}: {tail(err, 1)}; '
+        if not a.sim:
+            out['pass'] = False
+        return out
+    if not a.sim:
+        out['pass'] = KNOWN_ANSWER_EXPECT in (answer or '').lower()
+    return out
 
 
 def published_for(package):

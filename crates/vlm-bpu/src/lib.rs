@@ -34,6 +34,7 @@ pub mod lock;
 mod logits;
 mod open;
 pub mod pool;
+pub mod probe;
 pub mod report;
 pub mod sim;
 pub mod source;
