@@ -144,7 +144,12 @@ fn manifest(dir: &Path, opts: &BpuOptions) -> Result<(Package, StepOutcome), Ste
         vision: !opts.no_vision,
     };
     let cfg = ModelConfig::load(dir, load).map_err(|e| StepOutcome::fail(e.to_string()))?;
-    let files = open::hbm_files(&cfg);
+    let mut files = open::hbm_files(&cfg);
+    if opts.no_prefill_graph {
+        // As an open backend: a separate prefill `.hbm` is not loaded at all.
+        let pre = cfg.existing_hbm_prefill().map(Path::to_owned);
+        files.retain(|f| Some(f) != pre.as_ref());
+    }
     let implementation = bpu_sim::inspect_package(&files, opts.implementation)
         .map_err(|e| StepOutcome::fail(e.to_string()))?;
     let listed: Vec<String> = files
