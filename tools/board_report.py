@@ -30,6 +30,14 @@ def cell(text, limit=240):
     return code(text, limit).replace('|', '\\|')
 
 
+def plain(text, limit=1200):
+    """Our own text (a probe step's detail) for a table cell: one line, `|` escaped."""
+    s = ' '.join(str(text or '').split())
+    if len(s) > limit:
+        s = s[:limit] + '…'
+    return s.replace('|', '\\|')
+
+
 def gib(n):
     """A byte count for people: GiB, MiB or bytes."""
     if not isinstance(n, (int, float)):
@@ -87,7 +95,7 @@ def summary_line(name, sec):
         head = f"{len(steps)} steps, " + (f"failed: {', '.join(map(str, bad))}" if bad
                                           else 'all passed')
         if sec.get('stopped_at'):
-            head += f"; stopped at {code(sec['stopped_at'])} ({sec.get('signal') or 'no result'})"
+            head += f"; stopped at {code(sec['stopped_at'])} ({sec.get('exit')})"
         return head
     if name == 'contrast':
         ka = sec.get('known_answer') or {}
@@ -253,7 +261,7 @@ def probe_md(sec):
     out = []
     if sec.get('stopped_at'):
         out += [f"**The probe stopped at step {code(sec['stopped_at'])}** "
-                f"({sec.get('signal') or 'exit ' + str(sec.get('exit_code'))}): the step's "
+                f"({sec.get('exit')}): the step's "
                 'start line is the last one on disk, so this step is where the process died. '
                 'Please send `board-report.json` and the probe log back.', '']
     out += ['Each step runs in a child process that writes its start line to disk before the '
@@ -262,7 +270,7 @@ def probe_md(sec):
     for st in steps:
         ms = st.get('ms')
         out.append(f"| {st.get('name')} | {WORD.get(st.get('pass'), '?')} | "
-                   f"{'' if ms is None else f'{ms:.1f}'} | {cell(st.get('detail') or '', 400)} |")
+                   f"{'' if ms is None else f'{ms:.1f}'} | {plain(st.get('detail'))} |")
     if sec.get('probe_log'):
         out += ['', f"Probe log (JSON lines): `logs/{os.path.basename(sec['probe_log'])}`"]
     return out
