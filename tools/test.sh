@@ -2,7 +2,8 @@
 # The test command (README, .ci/run):  bash tools/test.sh
 #
 # Phases, each timed against a budget (a cold CI run on 2 cores; over budget warns, never
-# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> cargo clippy -D warnings -> one
+# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> the board's Python 3.10 checked
+# statically (tools/py-compat.sh, vermin) -> cargo clippy -D warnings -> one
 # `cargo test --workspace` -> aarch64: check of every non-ROS crate for the board's target,
 # then the tests that prove the architecture under qemu-user -> the board acceptance script
 # in simulator mode (tools/board-acceptance.sh --sim) -> colcon build check in a throwaway
@@ -34,7 +35,7 @@ wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 # does"), about 1.3x the measured time. Over budget prints a warning: the whole command must
 # stay under 45 minutes (TOTAL_BUDGET), and a phase that grows is where to look first.
 declare -A BUDGET=(
-  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [clippy]=450 [test]=920 [aarch64]=440
+  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [py-compat]=60 [clippy]=450 [test]=920 [aarch64]=440
   [acceptance]=560 [colcon]=780
 )
 TOTAL_BUDGET=2700
@@ -242,6 +243,7 @@ if wanted bootstrap || [ -f .ros2/setup.bash ]; then
 fi
 phase rust-tools ensure_rust_components
 phase fmt cargo fmt --all --check
+phase py-compat bash tools/py-compat.sh
 phase clippy cargo clippy --workspace --all-targets -- -D warnings
 wanted test && rm -f "$TEST_LOG"
 phase test run_tests
