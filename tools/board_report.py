@@ -251,7 +251,7 @@ def known_answer_md(ka):
             f"{code(ka.get('photo'))} must contain {code(ka.get('expect'))} "
             f"(case-insensitive): answer {code(ka.get('answer') or '')} — "
             f"{verdict[ka.get('pass')]}"
-            + (f"; {code(ka['error'], 400)}" if ka.get('error') else '') + '.',
+            + (f" ({code(ka['error'], 400)})" if ka.get('error') else '') + '.',
             'This is reported beside the contrast check; `contrast.pass` is the with/without '
             'check alone.']
 
