@@ -388,26 +388,18 @@ fn graph_calls<'a>(
             .and_then(|m| open(m, &cfg.graph)),
     ));
     if !opts.no_prefill_graph {
+        // The holder the runtime would use: the separate prefill file when it has the graph,
+        // else the main file when it has it; a separate file that did not load is a failure.
         let pre = cfg.prefill_graph();
-        let holder = cfg
-            .existing_hbm_prefill()
-            .map(|p| (p, find(p)))
-            .or_else(|| {
-                main.filter(|m| m.has_graph(&pre))
-                    .map(|m| (cfg.hbm.as_path(), Some(m)))
-            });
-        match holder {
-            Some((_, Some(m))) if m.has_graph(&pre) => calls.push(("prefill", open(m, &pre))),
-            Some((p, None)) => calls.push(("prefill", Err(not_loaded(p)))),
-            Some((p, Some(m))) => calls.push((
-                "prefill",
-                Err(format!(
-                    "{} has no graph `{pre}` (has {:?})",
-                    file_name(p),
-                    m.graph_names()
-                )),
-            )),
-            None => {}
+        let separate = cfg.existing_hbm_prefill();
+        let holder = separate
+            .and_then(find)
+            .filter(|m| m.has_graph(&pre))
+            .or_else(|| main.filter(|m| m.has_graph(&pre)));
+        match (holder, separate) {
+            (Some(m), _) => calls.push(("prefill", open(m, &pre))),
+            (None, Some(p)) if find(p).is_none() => calls.push(("prefill", Err(not_loaded(p)))),
+            (None, _) => {}
         }
     }
     if let Some(vp) = &cfg.visual {
