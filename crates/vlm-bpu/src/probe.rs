@@ -338,11 +338,16 @@ fn flush_range(rt: &Runtime) -> StepOutcome {
             buf.invalidate_range(RANGE_OFFSET, RANGE_LEN)
                 .map(|()| "INVALIDATE")
         });
+    range_outcome(flushed.map(|_| pattern_intact(&buf)), &range)
+}
+
+/// The `flush_range` verdict from the flushes' result (`Ok(bytes intact)`).
+fn range_outcome(flushed: Result<bool, DnnError>, range: &str) -> StepOutcome {
     match flushed {
-        Ok(_) if pattern_intact(&buf) => StepOutcome::ok(format!(
+        Ok(true) => StepOutcome::ok(format!(
             "CLEAN and INVALIDATE of {range} returned 0; its bytes read back unchanged"
         )),
-        Ok(_) => StepOutcome::fail(format!(
+        Ok(false) => StepOutcome::fail(format!(
             "CLEAN then INVALIDATE of {range} changed the buffer's bytes"
         )),
         // The runtime says no to a sub-range: a finding about this board's library, which
@@ -451,4 +456,38 @@ fn call(graph: Result<Graph, String>, sched: &Sched) -> StepOutcome {
         ins.len(),
         outs.len()
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_range_flush_is_a_finding_not_a_failure() {
+        let refused = DnnError::Call {
+            call: "hbUCPMemFlush(CLEAN)",
+            status: hbdnn::Status::MemFlushFail,
+            description: "range not supported".into(),
+        };
+        let code = hbdnn::Status::MemFlushFail.code();
+        let o = range_outcome(Err(refused), "256 bytes");
+        assert!(o.pass);
+        assert!(
+            o.detail.starts_with(&format!(
+                "range flush refused by the runtime (status {code}): the node will flush whole \
+                 allocations"
+            )),
+            "{}",
+            o.detail
+        );
+        let out_of_bounds = DnnError::OutOfBounds {
+            what: "flush range",
+            offset: 1,
+            len: 2,
+            size: 0,
+        };
+        assert!(!range_outcome(Err(out_of_bounds), "x").pass);
+        assert!(range_outcome(Ok(true), "x").pass);
+        assert!(!range_outcome(Ok(false), "x").pass);
+    }
 }
