@@ -7,26 +7,33 @@
 #   tools/board-acceptance.sh --sim [--out DIR]         here, on the BPU simulator (CI)
 #
 # Writes DIR/board-report.md (for a person: send it back), DIR/board-report.json (for tools:
-# one object, keys environment, check, parity, contrast, timings, node, each with "pass"
-# true / false / null = skipped) and DIR/logs/ (every command's output). Exits 1 when a
+# one object, keys probe, environment, check, parity, contrast, timings, node, each with
+# "pass" true / false / null = skipped) and DIR/logs/ (every command's output). Exits 1 when a
 # section that ran did not pass, 2 on a usage or setup error. DIR defaults to
 # ./board-acceptance-<UTC time>; a non-empty DIR an earlier run did not write is refused.
 # Run it as the user who runs the node, not with sudo (refused unless --allow-root).
 #
 # Sections (tools/board_acceptance.py; the Markdown is tools/board_report.py):
+#   probe        `vlm probe` in a child process, step by step, each step's start synced to
+#                logs/probe.jsonl before it runs (a crash names the step and the signal):
+#                libraries, symbols, each .hbm loaded, every graph's I/O, a whole and a range
+#                flush, one decode, prefill and tower call; with the vendor headers installed
+#                (/usr/include/hobot or HBDNN_SYS_HOBOT_INCLUDE) also hbdnn-sys/board-check.sh
 #   environment  board only: hbDNN/hbUCP libraries and versions, the ION carveout against
 #                the package, BPU performance mode and CPU governor (with the commands that
 #                set them), BPU/ION device permissions, no other BPU process (bllm) running
 #   check        `vlm check --report --json`, sizes and sha256 of the package files
 #   parity       first token + 48-token greedy continuation identical with and without the
 #                prefill graph (`--no-prefill-graph`) on a prompt longer than one chunk
-#   contrast     answers about the bundled photo with and without it differ
+#   contrast     answers about the bundled photo with and without it differ; beside it
+#                known_answer: "What animal is this?" about a real cat photo
+#                (tools/fixtures/images/chelsea.png) must contain "cat" on a board
 #   timings      `vlm bench --json`: decode tok/s, image TTFT, 31-token text TTFT, each
 #                beside the seed package's published figure and our ratio to it
 #   node         vlm_node on the package over ROS 2: a camera frame, /ask answered with
 #                streamed tokens (tools/board_node_peer.py, rclpy)
 #
-# --sim: parity, contrast, check and node on a tiny simulator package (the tiny-4b fixture);
+# --sim: probe, parity, contrast, check and node on a tiny simulator package (the tiny-4b fixture);
 # timings on a 4B-shaped package without weights under BPU_SIM_TIMING=s100p (the timing
 # model, not a measurement); environment skipped.
 #

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 
+import board_probe
 import board_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +34,12 @@ PARITY_PROMPT = (
     'to a charging station. A person in an orange vest walks towards the robot carrying a '
     'ladder. Describe what the robot should do next and why, step by step.')
 CONTRAST_PROMPT = 'What is in this picture? Answer in one sentence.'
+# A real photo with a narrow answer (tools/fixtures/images/chelsea.png, CC0): on a board the
+# answer must name the animal. The simulator's random weights cannot, so there it is not judged.
+KNOWN_ANSWER_PHOTO = os.path.join(ROOT, 'tools', 'fixtures', 'images', 'chelsea.png')
+KNOWN_ANSWER_QUESTION = 'What animal is this? Answer with one word.'
+KNOWN_ANSWER_EXPECT = 'cat'
+KNOWN_ANSWER_NEW = 16
 PARITY_NEW = 49  # the first token and a 48-token greedy continuation
 CONTRAST_NEW = 24
 TEXT_TTFT_ROWS = 31
@@ -399,14 +406,48 @@ def section_contrast(r, a):
         runs[key] = {'tokens': res.get('tokens') or [], 'answer': res.get('answer', ''),
                      'prompt_tokens': res.get('prompt_tokens'), 'log': log}
     differ = runs['with_image']['tokens'] != runs['without_image']['tokens']
+    problems = [] if differ else ['the answers with and without the image are the same']
+    known = known_answer(r, a)
+    warnings = []
+    if known['pass'] is False or known.get('error'):
+        # Beside the contrast check, which alone decides `contrast.pass`.
+        warnings.append(known.get('error') or
+                        f"known answer: {KNOWN_ANSWER_EXPECT!r} is not in the answer "
+                        f"{known['answer']!r} about {known['photo']}")
     return {
         'pass': differ and bool(runs['with_image']['tokens']),
-        'problems': [] if differ else ['the answers with and without the image are the same'],
+        'problems': problems,
+        'warnings': warnings,
         'photo': os.path.relpath(a.photo, ROOT) if a.photo.startswith(ROOT) else a.photo,
         'question': CONTRAST_PROMPT,
         'simulator': a.sim,
         'runs': runs,
+        'known_answer': known,
     }
+
+
+def known_answer(r, a):
+    """The real photo's question: `pass` is whether the answer contains the expected word
+    (case-insensitive) on a board, null on the simulator (random weights answer at random)."""
+    rc, res, err, log = chat(r, a, 'contrast-known-answer', ['--image', KNOWN_ANSWER_PHOTO],
+                             KNOWN_ANSWER_NEW, KNOWN_ANSWER_QUESTION)
+    answer = res.get('answer', '') if res is not None else None
+    out = {
+        'question': KNOWN_ANSWER_QUESTION,
+        'expect': KNOWN_ANSWER_EXPECT,
+        'answer': answer,
+        'pass': None,
+        'photo': os.path.relpath(KNOWN_ANSWER_PHOTO, ROOT),
+        'log': log,
+    }
+    if rc != 0 or res is None:
+        out['error'] = f'known answer: vlm chat exited {rc}: {tail(err, 1)}'
+        if not a.sim:
+            out['pass'] = False
+        return out
+    if not a.sim:
+        out['pass'] = KNOWN_ANSWER_EXPECT in (answer or '').lower()
+    return out
 
 
 def published_for(package):
@@ -611,9 +652,11 @@ def main():
               f'({durations[name]} s)', flush=True)
         return res
 
+    probe = timed('probe', board_probe.section_probe, r, a)
     check = timed('check', section_check, r, a)
     rep = check.get('report')
     result = {
+        'probe': probe,
         'environment': timed('environment', section_environment, r, a, rep),
         'check': check,
         'parity': timed('parity', section_parity, r, a, rep),
@@ -628,7 +671,7 @@ def main():
         with open(a.setup) as f:
             setup = json.load(f)
     # What ran where: under `environment`, the section about the machine (the report has
-    # exactly the six section keys).
+    # exactly the seven section keys).
     result['environment']['run'] = {
         'mode': 'sim' if a.sim else 'board',
         'package': a.package,

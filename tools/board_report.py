@@ -4,7 +4,7 @@ the board (what passed, every number beside its reference, what to do next)."""
 import json
 import os
 
-SECTIONS = ['environment', 'check', 'parity', 'contrast', 'timings', 'node']
+SECTIONS = ['probe', 'environment', 'check', 'parity', 'contrast', 'timings', 'node']
 WORD = {True: 'pass', False: '**FAIL**', None: 'skipped'}
 LABEL = {
     'decode_tok_s': ('decode', 'tok/s'),
@@ -28,6 +28,14 @@ def code(text, limit=240):
 def cell(text, limit=240):
     """`code` for a table cell: a `|` would end the cell, even inside a code span (GFM)."""
     return code(text, limit).replace('|', '\\|')
+
+
+def plain(text, limit=1200):
+    """Our own text (a probe step's detail) for a table cell: one line, `|` escaped."""
+    s = ' '.join(str(text or '').split())
+    if len(s) > limit:
+        s = s[:limit] + '…'
+    return s.replace('|', '\\|')
 
 
 def gib(n):
@@ -83,8 +91,19 @@ def summary_line(name, sec):
         return (f"{sec.get('tokens_compared')} of {sec.get('tokens_wanted')} tokens compared, "
                 f"first difference: {yes(sec.get('first_difference_at'))} "
                 f"(prompt {sec.get('prompt_rows')} rows > chunk {sec.get('prefill_chunk')})")
+    if name == 'probe':
+        steps = sec.get('steps') or []
+        bad = [st.get('name') for st in steps if st.get('pass') is not True]
+        head = f"{len(steps)} steps, " + (f"failed: {', '.join(map(str, bad))}" if bad
+                                          else 'all passed')
+        if sec.get('stopped_at'):
+            head += f"; stopped at {code(sec['stopped_at'])} ({sec.get('exit')})"
+        return head
     if name == 'contrast':
-        return 'the answers differ' if sec.get('pass') else 'the answers are the same'
+        ka = sec.get('known_answer') or {}
+        return (('the answers differ' if sec.get('pass') else 'the answers are the same')
+                + f"; known answer {code(ka.get('expect'))}: "
+                + {True: 'named', False: '**not named**', None: 'not judged'}[ka.get('pass')])
     if name == 'timings':
         parts = []
         for key, (label, unit) in LABEL.items():
@@ -240,8 +259,42 @@ def contrast_md(sec):
         f"| without | {wo.get('prompt_tokens')} | {cell(wo.get('answer'))} |",
         '', 'Expected: different answers, the first about the photo (read them: a model that '
         'ignores the image still passes the mechanical check if its two answers differ).',
-    ] + (['', 'Simulator run: the tiny random test model answers noise; only that the two '
-          'answers differ means anything here.'] if sec.get('simulator') else [])
+    ] + known_answer_md(sec.get('known_answer')) + (
+        ['', 'Simulator run: the tiny random test model answers noise; only that the two '
+         'answers differ means anything here.'] if sec.get('simulator') else [])
+
+
+def known_answer_md(ka):
+    if not ka:
+        return []
+    verdict = {True: 'pass', False: '**FAIL**', None: 'not judged (simulator: random weights)'}
+    return ['', f"Known answer: {code(ka.get('question'))} about the real photo "
+            f"{code(ka.get('photo'))} must contain {code(ka.get('expect'))} "
+            f"(case-insensitive): answer {code(ka.get('answer') or '')} — "
+            f"{verdict[ka.get('pass')]}"
+            + (f" ({code(ka['error'], 400)})" if ka.get('error') else '') + '.',
+            'This is reported beside the contrast check; `contrast.pass` is the with/without '
+            'check alone.']
+
+
+def probe_md(sec):
+    steps = sec.get('steps') or []
+    out = []
+    if sec.get('stopped_at'):
+        out += [f"**The probe stopped at step {code(sec['stopped_at'])}** "
+                f"({sec.get('exit')}): the step's "
+                'start line is the last one on disk, so this step is where the process died. '
+                'Please send `board-report.json` and the probe log back.', '']
+    out += ['Each step runs in a child process that writes its start line to disk before the '
+            'step runs, so a crash still shows where it stopped.', '',
+            '| step | result | ms | detail |', '|---|---|---|---|']
+    for st in steps:
+        ms = st.get('ms')
+        out.append(f"| {st.get('name')} | {WORD.get(st.get('pass'), '?')} | "
+                   f"{'' if ms is None else f'{ms:.1f}'} | {plain(st.get('detail'))} |")
+    if sec.get('probe_log'):
+        out += ['', f"Probe log (JSON lines): `logs/{os.path.basename(sec['probe_log'])}`"]
+    return out
 
 
 def timings_md(sec):
@@ -335,7 +388,7 @@ def markdown(doc):
         secs = f" ({sec['seconds']} s)" if 'seconds' in sec else ''
         lines.append(f"| [{s}](#{s}) | {WORD.get(sec.get('pass'), '?')}{secs} | "
                      f'{summary_line(s, sec)} |')
-    render = {'environment': environment_md, 'check': check_md, 'parity': parity_md,
+    render = {'probe': probe_md, 'environment': environment_md, 'check': check_md, 'parity': parity_md,
               'contrast': contrast_md, 'timings': timings_md, 'node': node_md}
     for s in SECTIONS:
         sec = doc.get(s) or {}

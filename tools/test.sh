@@ -2,7 +2,8 @@
 # The test command (README, .ci/run):  bash tools/test.sh
 #
 # Phases, each timed against a budget (a cold CI run on 2 cores; over budget warns, never
-# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> cargo clippy -D warnings -> one
+# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> the board's Python 3.10 checked
+# statically (tools/py-compat.sh, vermin) -> cargo clippy -D warnings -> one
 # `cargo test --workspace` -> aarch64: check of every non-ROS crate for the board's target,
 # then the tests that prove the architecture under qemu-user -> the board acceptance script
 # in simulator mode (tools/board-acceptance.sh --sim) -> colcon build check in a throwaway
@@ -34,7 +35,7 @@ wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 # does"), about 1.3x the measured time. Over budget prints a warning: the whole command must
 # stay under 45 minutes (TOTAL_BUDGET), and a phase that grows is where to look first.
 declare -A BUDGET=(
-  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [clippy]=450 [test]=920 [aarch64]=440
+  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [py-compat]=60 [clippy]=450 [test]=920 [aarch64]=440
   [acceptance]=560 [colcon]=780
 )
 TOTAL_BUDGET=2700
@@ -190,7 +191,7 @@ aarch64_phase() ( # a subshell: the cross-build environment stays inside this ph
 # The board owner's command in simulator mode (issue 15): release builds of vlm and vlm_node
 # in target/release (~7 min cold on 2 cores; the sections themselves take ~12 s), a tiny simulator
 # package for check/parity/contrast/node, a 4B-shaped one under BPU_SIM_TIMING=s100p for the
-# timings. The script exits non-zero when a section fails; the report must also hold the six
+# timings. The script exits non-zero when a section fails; the report must also hold the seven
 # sections with every one that ran passed, so a script that stopped checking fails here too.
 ACCEPTANCE_OUT=$ROOT/.cache/board-acceptance
 acceptance_phase() {
@@ -198,11 +199,19 @@ acceptance_phase() {
   python3 - "$ACCEPTANCE_OUT/board-report.json" <<'PY'
 import json, sys
 doc = json.load(open(sys.argv[1]))
-want = ['environment', 'check', 'parity', 'contrast', 'timings', 'node']
-assert sorted(doc) == sorted(want), f'sections {sorted(doc)}, expected {want}'
+want = ['probe', 'environment', 'check', 'parity', 'contrast', 'timings', 'node']
+assert list(doc) == want, f'sections {list(doc)}, expected {want} in this order'
 assert doc['environment']['pass'] is None, 'environment must be skipped under --sim'
-bad = [k for k in want[1:] if doc[k]['pass'] is not True]
+bad = [k for k in want if k != 'environment' and doc[k]['pass'] is not True]
 assert not bad, f'sections that did not pass: {bad}'
+steps = doc['probe']['steps']
+assert steps and all(s['pass'] is True for s in steps), f'probe steps: {steps}'
+names = [s['name'] for s in steps]
+for n in ('flush_whole', 'flush_range', 'decode', 'prefill', 'tower'):
+    assert n in names, f'probe step {n} missing from {names}'
+ka = doc['contrast']['known_answer']
+assert ka['pass'] is None and isinstance(ka['answer'], str) and ka['expect'] == 'cat', \
+    f'contrast.known_answer under --sim: {ka}'
 for k in ('decode_tok_s', 'image_ttft_s', 'text_ttft_s'):
     m = doc['timings'][k]
     assert m['value'] > 0 and m['published'] > 0 and m['ratio'] > 0, f'timings.{k}: {m}'
@@ -234,6 +243,7 @@ if wanted bootstrap || [ -f .ros2/setup.bash ]; then
 fi
 phase rust-tools ensure_rust_components
 phase fmt cargo fmt --all --check
+phase py-compat bash tools/py-compat.sh
 phase clippy cargo clippy --workspace --all-targets -- -D warnings
 wanted test && rm -f "$TEST_LOG"
 phase test run_tests

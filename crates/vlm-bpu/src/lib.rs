@@ -16,7 +16,8 @@
 //! the package sets `prefill_pads` ([`BpuOptions::prefill_tail`]; contract §4.4, unconfirmed
 //! on a board): where the pads go is calibrated once per package at open and cached
 //! ([`tail`]). [`check`] lists every contract violation of a package for `vlm check`;
-//! [`report`] adds what a board user needs to see for `vlm check --report`.
+//! [`report`] adds what a board user needs to see for `vlm check --report`; [`probe`] runs a
+//! package step by step (libraries, loads, flushes, one call of each graph) for `vlm probe`.
 //!
 //! [`source`] chooses the backend for a model source (packages here, HF checkpoints on
 //! `vlm`'s CPU backend); [`sim`] is what front ends may use of the simulator.
@@ -36,6 +37,7 @@ mod logits;
 mod open;
 pub mod pad_marking;
 pub mod pool;
+pub mod probe;
 pub mod report;
 pub mod sim;
 pub mod source;

@@ -299,7 +299,8 @@ fn role(kind: Kind, input: bool, index: usize) -> Option<String> {
     }
 }
 
-fn graph_entry(g: &GraphReport, cfg: Option<&ModelConfig>) -> GraphEntry {
+/// One graph as the report shows it (roles by the manifest's graph names and files).
+pub fn graph_entry(g: &GraphReport, cfg: Option<&ModelConfig>) -> GraphEntry {
     let kind = match cfg {
         Some(c) if g.name == c.graph || g.name == c.prefill_graph() => Kind::Text,
         Some(c) if c.visual.as_deref() == Some(g.file.as_path()) => Kind::Tower,

@@ -48,7 +48,7 @@ impl RunFlags {
     }
 }
 
-fn parse_timeout(s: &str) -> Result<f64, String> {
+pub(super) fn parse_timeout(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     vlm_bpu::timeout_from_secs(v).map(|_| v)
 }

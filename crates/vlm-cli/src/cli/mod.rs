@@ -6,6 +6,7 @@ mod chat;
 mod check;
 mod generate;
 mod make_sim_package;
+mod probe;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -33,6 +34,9 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Turn an HF Qwen3.5 checkpoint into a package whose graphs run on the BPU simulator.
     MakeSimPackage(make_sim_package::MakeSimPackageArgs),
+    /// Step by step, each step on disk before it runs: libraries, symbols, each .hbm, the
+    /// graphs' I/O, a whole and a range flush, one decode, prefill and tower call.
+    Probe(probe::ProbeArgs),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -42,5 +46,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::MakeSimPackage(args) => make_sim_package::run(&args),
+        Command::Probe(args) => probe::run(&args),
     }
 }
