@@ -363,6 +363,20 @@ impl SimConfig {
         Ok(c)
     }
 
+    /// The defaults with the flush policy of `BPU_SIM_FLUSH` (unset: `range`): what test
+    /// suites build their simulators with, so that a suite reruns against a library that
+    /// flushes only whole allocations while every other setting stays fixed.
+    pub fn defaults_with_env_flush() -> Result<Self, ConfigError> {
+        let flush = match std::env::var(FLUSH_ENV) {
+            Ok(v) => FlushPolicy::parse(&v)?,
+            Err(_) => FlushPolicy::Range,
+        };
+        Ok(Self {
+            flush,
+            ..Self::default()
+        })
+    }
+
     /// The platform march this configuration simulates.
     pub fn platform_march(&self) -> &str {
         self.march.as_deref().unwrap_or(PLATFORM_MARCH)

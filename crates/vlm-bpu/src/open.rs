@@ -51,6 +51,7 @@ struct Loaded {
     axes: Vec<usize>,
     lock: Option<EngineLock>,
     runtime: RuntimeInfo,
+    flush: crate::FlushDecision,
 }
 
 impl BpuBackend {
@@ -80,6 +81,7 @@ impl BpuBackend {
         step("opening the runtime")?;
         let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
         let runtime_info = RuntimeInfo::of(&runtime);
+        let flush = crate::flush::decide(&runtime, opts.flush, &cfg.hbm)?;
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
         step("loading the text graphs")?;
         let text = load_text_graphs(&runtime, &cfg, opts.no_prefill_graph)?;
@@ -102,6 +104,7 @@ impl BpuBackend {
                 axes,
                 lock,
                 runtime: runtime_info,
+                flush,
             },
             opts,
         )?;
@@ -371,6 +374,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         axes,
         lock,
         runtime,
+        flush,
     } = loaded;
     let TextGraphs {
         main,
@@ -463,6 +467,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         cfg,
         tail,
         runtime,
+        flush,
         graph_time: std::time::Duration::ZERO,
         _packed: packed,
         _lock: lock,

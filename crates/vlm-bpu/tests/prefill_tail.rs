@@ -23,7 +23,7 @@ use vlm_bpu::{BpuBackend, BpuOptions, PrefillTail, TailMode};
 const MODEL: &str = "tiny-sym";
 
 fn sim() -> Sim {
-    let s = Sim::new(SimConfig::default());
+    let s = Sim::new(SimConfig::defaults_with_env_flush().unwrap());
     s.install();
     s
 }
