@@ -143,9 +143,9 @@ impl DeviceBuffer {
     /// CLEAN of `len` bytes at `offset`; under [`FlushMode::Whole`] a CLEAN of the whole
     /// buffer (see [`Self::prepare_write`]).
     pub fn clean_range(&self, offset: usize, len: usize) -> Result<()> {
-        self.range(offset, len)?;
+        let m = self.range(offset, len)?;
         match self.rt.flush.get() {
-            FlushMode::Range => self.clean_exact(offset, len),
+            FlushMode::Range => self.flush(&m, sys::HB_SYS_MEM_CACHE_CLEAN, "hbUCPMemFlush(CLEAN)"),
             FlushMode::Whole => self.clean(),
         }
     }
@@ -154,9 +154,13 @@ impl DeviceBuffer {
     /// whole buffer, which also drops CPU writes elsewhere in it that were not CLEANed: CLEAN
     /// every write before invalidating any part of a buffer.
     pub fn invalidate_range(&mut self, offset: usize, len: usize) -> Result<()> {
-        self.range(offset, len)?;
+        let m = self.range(offset, len)?;
         match self.rt.flush.get() {
-            FlushMode::Range => self.invalidate_exact(offset, len),
+            FlushMode::Range => self.flush(
+                &m,
+                sys::HB_SYS_MEM_CACHE_INVALIDATE,
+                "hbUCPMemFlush(INVALIDATE)",
+            ),
             FlushMode::Whole => self.invalidate(),
         }
     }
