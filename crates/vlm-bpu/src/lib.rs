@@ -3,7 +3,9 @@
 //! them is an error). Implements the engine's [`Backend`] seam with the contract's decode
 //! loop: I/O by index, ping-pong cache sets A/B, the right-aligned window mask written into
 //! every head plane, M-RoPE cos/sin per row, CLEAN after CPU writes and INVALIDATE before CPU
-//! reads, S16 logits dequantised by the output scale, and the §10.2 state snapshots.
+//! reads (of the bytes concerned, or of whole buffers when the runtime refuses a flush of part
+//! of one: [`flush`], probed at open), S16 logits dequantised by the output scale, and the
+//! §10.2 state snapshots.
 //!
 //! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
 //! and the ION pool ([`pool`]: the `.hbm` sizes, then the two cache sets before any buffer, as
