@@ -404,6 +404,7 @@ pub async fn run(
                     opts.bpu.timeout = p.bpu_timeout;
                     opts.bpu.prefill_tail = p.prefill_tail;
                     opts.bpu.pool_check = p.bpu_pool_check;
+                    opts.bpu.flush = p.bpu_flush;
                     opts.bpu.keep_set =
                         p.vision && p.prefill_latest_frame && p.prefill_keep_on_device;
                     // The calibrated tail decision is cached beside the embedded package.

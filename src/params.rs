@@ -72,6 +72,7 @@ pub const SPECS: &[Spec] = &[
     Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call, in seconds (> 0; the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70).", apply: Restart },
     Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout, cached per package; else stepped), stepped, pads_first, pads_last.", apply: Restart },
     Spec { name: "bpu_pool_check", default: || s("warn"), description: "ION pool preflight before loading: strict (refuse when the pool is too small or cannot be identified), warn (never refuse: warn and load when it looks too small, naming hb_switch_ion.sh, or cannot be identified), off.", apply: Restart },
+    Spec { name: "bpu_flush", default: || s("auto"), description: "Cache flushes of part of a BPU buffer: auto (probed at start; whole buffers when the runtime refuses a range), range (refuse to start on such a runtime), whole (always whole buffers).", apply: Restart },
     Spec { name: "prefill_latest_frame", default: || ParameterValue::Bool(true), description: "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower and prefill it after the system prompt, so an ask about it prefills only its question. Costs up to `prefill_duty` of the BPU on an idle robot.", apply: Restart },
     Spec { name: "prefill_camera", default: || s(""), description: "Camera whose frames are pre-filled; empty = the default camera.", apply: Restart },
     Spec { name: "prefill_duty", default: || ParameterValue::Double(0.5), description: "Most share of wall time pre-fills keep the BPU busy, in (0, 1].", apply: Restart },
@@ -161,6 +162,7 @@ pub struct Params {
     pub bpu_timeout: Duration,
     pub prefill_tail: vlm_bpu::PrefillTail,
     pub bpu_pool_check: vlm_bpu::PoolCheck,
+    pub bpu_flush: vlm_bpu::FlushOption,
     pub prefill_latest_frame: bool,
     /// `None`: the default camera.
     pub prefill_camera: Option<String>,
@@ -461,6 +463,13 @@ impl Params {
             bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
             prefill_tail,
             bpu_pool_check,
+            bpu_flush: r
+                .string("bpu_flush")?
+                .parse()
+                .map_err(|reason| ParamError {
+                    name: "bpu_flush",
+                    reason,
+                })?,
             prefill_latest_frame: r.bool("prefill_latest_frame")?,
             prefill_camera: r.opt_string("prefill_camera")?,
             prefill_duty: r.double("prefill_duty", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?,
@@ -662,6 +671,7 @@ impl Params {
             ),
             ("prefill_tail", s(self.prefill_tail.as_str())),
             ("bpu_pool_check", s(self.bpu_pool_check.as_str())),
+            ("bpu_flush", s(self.bpu_flush.as_str())),
             (
                 "prefill_latest_frame",
                 ParameterValue::Bool(self.prefill_latest_frame),
@@ -779,12 +789,22 @@ mod tests {
         let mut given = HashMap::new();
         given.insert("prefill_tail".to_owned(), s("pads_first"));
         given.insert("bpu_pool_check".to_owned(), s("strict"));
+        given.insert("bpu_flush".to_owned(), s("whole"));
         let p = Params::from_values(&given).unwrap();
         assert_eq!(
             (p.prefill_tail, p.bpu_pool_check),
             (vlm_bpu::PrefillTail::PadsFirst, vlm_bpu::PoolCheck::Strict)
         );
-        for (name, bad) in [("prefill_tail", "padded"), ("bpu_pool_check", "maybe")] {
+        assert_eq!(p.bpu_flush, vlm_bpu::FlushOption::Whole);
+        assert_eq!(
+            Params::from_values(&HashMap::new()).unwrap().bpu_flush,
+            vlm_bpu::FlushOption::Auto
+        );
+        for (name, bad) in [
+            ("prefill_tail", "padded"),
+            ("bpu_pool_check", "maybe"),
+            ("bpu_flush", "partial"),
+        ] {
             let mut given = HashMap::new();
             given.insert(name.to_owned(), s(bad));
             let e = Params::from_values(&given).unwrap_err();

@@ -362,14 +362,14 @@ def chat(r, a, name, extra, new_tokens, prompt):
     return rc, res, err, log
 
 
-def section_parity(r, a, rep):
-    chunk = (rep or {}).get('prefill_chunk') or 32
+def parity_runs(r, a, chunk, flags, tag):
+    """The prompt with and without the prefill graph under `flags`; the section's result."""
     runs = {}
     for key, extra in (('prefill_graph', []), ('no_prefill_graph', ['--no-prefill-graph'])):
-        rc, res, err, log = chat(r, a, f'parity-{key}', ['--no-vision'] + extra, PARITY_NEW,
-                                 PARITY_PROMPT)
+        rc, res, err, log = chat(r, a, f'parity-{key}{tag}', ['--no-vision'] + flags + extra,
+                                 PARITY_NEW, PARITY_PROMPT)
         if rc != 0 or res is None:
-            return failed(f'vlm chat ({key})', rc, err, log)
+            return failed(f'vlm chat ({key}{tag})', rc, err, log)
         runs[key] = {'tokens': res.get('tokens') or [], 'answer': res.get('answer', ''),
                      'prompt_tokens': res.get('prompt_tokens'),
                      'finish_reason': res.get('finish_reason'), 'log': log}
@@ -395,6 +395,23 @@ def section_parity(r, a, rep):
         'first_difference_at': first_diff,
         'runs': runs,
     }
+
+
+def section_parity(r, a, rep):
+    chunk = (rep or {}).get('prefill_chunk') or 32
+    res = parity_runs(r, a, chunk, [], '')
+    # A runtime may accept a flush of part of a buffer and get it wrong, which the probe at
+    # open cannot see: when parity fails with range flushes, it is run again flushing whole
+    # buffers. Both are kept; the section's verdict stays the default's.
+    if res.get('pass') is False and (rep or {}).get('flush') != 'whole':
+        rerun = parity_runs(r, a, chunk, ['--flush', 'whole'], '-flush-whole')
+        res['flush_whole_rerun'] = rerun
+        if rerun.get('pass'):
+            res.setdefault('problems', []).append(
+                'with --flush whole the continuations agree: this runtime accepts flushes of '
+                'part of a buffer but gets them wrong; run with --flush whole (node parameter '
+                'bpu_flush: whole)')
+    return res
 
 
 def section_contrast(r, a):

@@ -86,7 +86,8 @@ def summary_line(name, sec):
                 f"violations (0 expected), ION pool: {(rep.get('memory') or {}).get('verdict')}, "
                 f"prompt tail: {rep.get('prefill_tail')}"
                 + (f" (pad rope {rep.get('pad_rope')}, pad mask {rep.get('pad_mask')})"
-                   if rep.get('pad_rope') else ''))
+                   if rep.get('pad_rope') else '')
+                + f", flush: {rep.get('flush')}")
     if name == 'parity':
         return (f"{sec.get('tokens_compared')} of {sec.get('tokens_wanted')} tokens compared, "
                 f"first difference: {yes(sec.get('first_difference_at'))} "
@@ -244,7 +245,20 @@ def parity_md(sec):
         f"difference at token: {yes(sec.get('first_difference_at'))} (none expected). A near-tie "
         'can flip between two int8 graphs (seed card: "1+1等于几?" 0.502 vs 0.489); a '
         'difference is worth a report either way.',
-    ]
+    ] + flush_rerun_md(sec.get('flush_whole_rerun'))
+
+
+def flush_rerun_md(rerun):
+    """The parity rerun flushing whole buffers (made only when parity failed)."""
+    if rerun is None:
+        return []
+    verdict = ('agree: range flushes are accepted but wrong on this runtime; run with '
+               '`--flush whole` (node parameter `bpu_flush: whole`)' if rerun.get('pass')
+               else f"still fail ({'; '.join(rerun.get('problems') or [rerun.get('error', '?')])})"
+               ': not a flush problem')
+    return ['', f"Rerun with `--flush whole` (parity failed with the default flushes): the "
+            f"continuations {verdict}; first difference at token: "
+            f"{yes(rerun.get('first_difference_at'))}."]
 
 
 def contrast_md(sec):

@@ -16,6 +16,9 @@ pub const PLATFORM_MARCH: &str = "nash-m";
 /// Env var: the `virAddr` alignment `hbDNNInferV2` demands of every tensor, in bytes (a power
 /// of two; `1` turns the check off). Default [`DEFAULT_VIR_ALIGN`].
 pub const VIR_ALIGN_ENV: &str = "BPU_SIM_VIRADDR_ALIGN";
+/// Env var: which `hbUCPMemFlush` ranges the simulated library accepts, `range` (default: any
+/// range inside one allocation) or `whole` (only whole allocations, [`FlushPolicy::Whole`]).
+pub const FLUSH_ENV: &str = "BPU_SIM_FLUSH";
 /// Default `virAddr` alignment: no document gives libdnn's number, so the strictest plausible
 /// one, a cache line of the S100's Cortex-A78AE.
 pub const DEFAULT_VIR_ALIGN: u64 = 64;
@@ -190,6 +193,34 @@ impl FaultPlan {
     }
 }
 
+/// Which ranges `hbUCPMemFlush` accepts. No document says whether libhbucp takes a range
+/// inside an allocation (BLLM only ever flushes whole ones), so the simulator can stand for
+/// either library.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// Any range inside one allocation.
+    #[default]
+    Range,
+    /// Only a whole allocation (the `phyAddr`, `virAddr` and `memSize` it was allocated
+    /// with); any other range fails with `HB_UCP_INVALID_ARGUMENT` and flushes nothing.
+    Whole,
+}
+
+impl FlushPolicy {
+    /// Parses `range` or `whole` (empty = `range`, as when the variable is unset).
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        match text.trim() {
+            "" | "range" => Ok(Self::Range),
+            "whole" => Ok(Self::Whole),
+            other => Err(ConfigError {
+                var: FLUSH_ENV,
+                text: text.to_owned(),
+                reason: format!("{other:?} is not `range` or `whole`"),
+            }),
+        }
+    }
+}
+
 /// Sleeps per graph run, standing for the measured S100P latencies.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct TimingModel {
@@ -284,6 +315,8 @@ pub struct SimConfig {
     /// Alignment in bytes `hbDNNInferV2` demands of every tensor's `virAddr` (a power of two;
     /// 1 = any address). Default [`DEFAULT_VIR_ALIGN`]; env [`VIR_ALIGN_ENV`].
     pub vir_align: u64,
+    /// Which flush ranges are accepted; env [`FLUSH_ENV`].
+    pub flush: FlushPolicy,
 }
 
 impl Default for SimConfig {
@@ -294,13 +327,14 @@ impl Default for SimConfig {
             timing: None,
             march: None,
             vir_align: DEFAULT_VIR_ALIGN,
+            flush: FlushPolicy::Range,
         }
     }
 }
 
 impl SimConfig {
     /// Reads `BPU_SIM_POOL_MB`, `BPU_SIM_FAULTS`, `BPU_SIM_TIMING`, `BPU_SIM_MARCH`,
-    /// `BPU_SIM_VIRADDR_ALIGN`.
+    /// `BPU_SIM_VIRADDR_ALIGN`, `BPU_SIM_FLUSH`.
     pub fn from_env() -> Result<Self, ConfigError> {
         let mut c = Self::default();
         if let Ok(v) = std::env::var(POOL_ENV) {
@@ -323,7 +357,24 @@ impl SimConfig {
         if let Ok(v) = std::env::var(VIR_ALIGN_ENV) {
             c.vir_align = parse_align(&v)?;
         }
+        if let Ok(v) = std::env::var(FLUSH_ENV) {
+            c.flush = FlushPolicy::parse(&v)?;
+        }
         Ok(c)
+    }
+
+    /// The defaults with the flush policy of `BPU_SIM_FLUSH` (unset: `range`): what test
+    /// suites build their simulators with, so that a suite reruns against a library that
+    /// flushes only whole allocations while every other setting stays fixed.
+    pub fn defaults_with_env_flush() -> Result<Self, ConfigError> {
+        let flush = match std::env::var(FLUSH_ENV) {
+            Ok(v) => FlushPolicy::parse(&v)?,
+            Err(_) => FlushPolicy::Range,
+        };
+        Ok(Self {
+            flush,
+            ..Self::default()
+        })
     }
 
     /// The platform march this configuration simulates.
@@ -376,6 +427,19 @@ mod tests {
         for bad in ["0", "48", "-64", "x", "2097152"] {
             let e = parse_align(bad).unwrap_err();
             assert!(e.to_string().contains(VIR_ALIGN_ENV), "{e}");
+        }
+    }
+
+    #[test]
+    fn flush_setting() {
+        assert_eq!(SimConfig::default().flush, FlushPolicy::Range);
+        assert_eq!(FlushPolicy::parse("whole").unwrap(), FlushPolicy::Whole);
+        assert_eq!(FlushPolicy::parse(" range ").unwrap(), FlushPolicy::Range);
+        assert_eq!(FlushPolicy::parse("").unwrap(), FlushPolicy::Range);
+        for bad in ["Whole", "all", "partial"] {
+            let e = FlushPolicy::parse(bad).unwrap_err();
+            assert!(e.to_string().contains(FLUSH_ENV), "{e}");
+            assert!(e.to_string().contains(bad), "{e}");
         }
     }
 

@@ -546,13 +546,7 @@ pub unsafe extern "C" fn hbUCPMemFlush(mem: *const hbUCPSysMem, flag: i32) -> i3
             sys::HB_SYS_MEM_CACHE_INVALIDATE => false,
             _ => return sys::HB_UCP_INVALID_ARGUMENT.into(),
         };
-        match st.locate(&m) {
-            Ok((buf, off)) => {
-                buf.flush(off, m.memSize as usize, to_device);
-                sys::HB_UCP_SUCCESS.into()
-            }
-            Err(c) => c.into(),
-        }
+        st.flush(&m, to_device).into()
     })
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use hbdnn_sys as sys;
 
-use crate::config::{FaultPlan, FaultRule, SimConfig, TimingModel};
+use crate::config::{FaultPlan, FaultRule, FlushPolicy, SimConfig, TimingModel};
 use crate::state::{SimState, SimStats};
 
 /// A simulator instance. Cheap to clone (shared). The C entry points act on the instance
@@ -112,6 +112,11 @@ impl Sim {
     /// Sets the `virAddr` alignment `hbDNNInferV2` demands (bytes, a power of two; 1 = any).
     pub fn set_vir_align(&self, bytes: u64) {
         self.lock().config.vir_align = bytes.max(1);
+    }
+
+    /// Sets which flush ranges `hbUCPMemFlush` accepts ([`FlushPolicy`], `BPU_SIM_FLUSH`).
+    pub fn set_flush(&self, policy: FlushPolicy) {
+        self.lock().config.flush = policy;
     }
 
     /// Evicts now: writes back every dirty cache line of every buffer (what the CPU wrote and

@@ -10,7 +10,9 @@
 //!   in whole 64-byte cache lines ([`CACHE_LINE`]): a missing CLEAN or INVALIDATE yields stale
 //!   bytes, a partial INVALIDATE discards the CPU's unflushed bytes in the whole line, and the
 //!   fault `evict` ([`FaultAction::Evict`], or [`Sim::evict`]) writes back lines the CPU wrote
-//!   and never CLEANed; fresh allocations are dirty ([`DIRTY_BYTE`]) and page-aligned;
+//!   and never CLEANed; fresh allocations are dirty ([`DIRTY_BYTE`]) and page-aligned; a
+//!   library that flushes only whole allocations (`BPU_SIM_FLUSH=whole`, [`FlushPolicy`]:
+//!   any other range is `HB_UCP_INVALID_ARGUMENT`);
 //! - what libdnn checks at `hbDNNInferV2` (tensor type and `validShape` equal to the model's,
 //!   every stride resolved, at least tight, 32-byte aligned where the model leaves it open and
 //!   equal to the model's where it fixes it, `virAddr` aligned to [`SimConfig::vir_align`] —
@@ -49,7 +51,9 @@ pub mod pads;
 mod state;
 mod status;
 
-pub use config::{ConfigError, FaultAction, FaultPlan, FaultRule, SimConfig, TimingModel};
+pub use config::{
+    ConfigError, FaultAction, FaultPlan, FaultRule, FlushPolicy, SimConfig, TimingModel,
+};
 pub use container::{
     Container, ContainerError, GraphDesc, GraphKind, LogitsType, PadLayout, TensorDesc, TextParams,
     VisualParams,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use hbdnn_sys as sys;
 
-use crate::config::{FaultAction, SimConfig, TimingModel};
+use crate::config::{FaultAction, FlushPolicy, SimConfig, TimingModel};
 use crate::container::{self, Container, GraphDesc, GraphKind, TensorDesc};
 use crate::infer_check;
 use crate::kernels::{self, Kernel};
@@ -325,6 +325,29 @@ impl SimState {
         sys::HB_UCP_SUCCESS
     }
 
+    /// `hbUCPMemFlush` of `mem`: a CLEAN (`to_device`) or an INVALIDATE, in whole lines. Under
+    /// [`FlushPolicy::Whole`] a range that is not exactly a whole allocation is refused, as a
+    /// library that only flushes whole allocations would, and nothing moves.
+    pub fn flush(&mut self, mem: &sys::hbUCPSysMem, to_device: bool) -> i32 {
+        let whole_only = self.config.flush == FlushPolicy::Whole;
+        match self.locate(mem) {
+            Ok((buf, off)) => {
+                if whole_only && (off != 0 || mem.memSize != buf.size as u64) {
+                    tracing::debug!(
+                        offset = off,
+                        len = mem.memSize,
+                        size = buf.size,
+                        "bpu-sim: flush of part of an allocation refused (BPU_SIM_FLUSH=whole)"
+                    );
+                    return sys::HB_UCP_INVALID_ARGUMENT;
+                }
+                buf.flush(off, mem.memSize as usize, to_device);
+                sys::HB_UCP_SUCCESS
+            }
+            Err(c) => c,
+        }
+    }
+
     /// Writes back every dirty cache line of every buffer (an eviction); returns how many.
     pub fn evict(&mut self) -> usize {
         self.buffers.values_mut().map(Buffer::evict).sum()
@@ -549,4 +572,65 @@ fn build_graphs(file: &std::path::Path, c: &Container) -> Result<Vec<Box<GraphIn
         }));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(mem: &sys::hbUCPSysMem, off: u64, len: u64) -> sys::hbUCPSysMem {
+        sys::hbUCPSysMem {
+            phyAddr: mem.phyAddr + off,
+            virAddr: (mem.virAddr as usize + off as usize) as *mut std::ffi::c_void,
+            memSize: len,
+        }
+    }
+
+    fn write_host(mem: &sys::hbUCPSysMem, at: usize, byte: u8) {
+        // SAFETY: `at` lies inside the allocation `mem` describes, which the test owns.
+        unsafe { *(mem.virAddr as *mut u8).add(at) = byte };
+    }
+
+    #[test]
+    fn whole_policy_refuses_every_range_but_the_whole_allocation() {
+        let mut st = SimState::new(SimConfig {
+            flush: FlushPolicy::Whole,
+            ..SimConfig::default()
+        });
+        let mem = st.alloc(1000).unwrap();
+        write_host(&mem, 100, 7);
+        for (off, len) in [(64, 64), (0, 999), (1, 999), (100, 4), (0, 64)] {
+            let r = sub(&mem, off, len);
+            assert_eq!(
+                st.flush(&r, true),
+                sys::HB_UCP_INVALID_ARGUMENT,
+                "{off}+{len}"
+            );
+            assert_eq!(
+                st.flush(&r, false),
+                sys::HB_UCP_INVALID_ARGUMENT,
+                "{off}+{len}"
+            );
+        }
+        let (buf, _) = st.locate(&mem).unwrap();
+        assert_ne!(buf.device[100], 7, "a refused CLEAN moved nothing");
+        assert_eq!(st.flush(&mem, true), sys::HB_UCP_SUCCESS);
+        let (buf, _) = st.locate(&mem).unwrap();
+        assert_eq!(buf.device[100], 7, "the whole CLEAN wrote the line back");
+        assert_eq!(st.flush(&mem, false), sys::HB_UCP_SUCCESS);
+        // A range outside any allocation is still invalid memory, not a refused range.
+        let past = sub(&mem, 990, 20);
+        assert_eq!(st.flush(&past, true), sys::HB_UCP_MEM_IS_INVALID);
+    }
+
+    #[test]
+    fn range_policy_accepts_an_interior_range() {
+        let mut st = SimState::new(SimConfig::default());
+        let mem = st.alloc(1000).unwrap();
+        write_host(&mem, 100, 7);
+        assert_eq!(st.flush(&sub(&mem, 100, 4), true), sys::HB_UCP_SUCCESS);
+        let (buf, _) = st.locate(&mem).unwrap();
+        assert_eq!(buf.device[100], 7);
+        assert_eq!(st.flush(&sub(&mem, 64, 64), false), sys::HB_UCP_SUCCESS);
+    }
 }

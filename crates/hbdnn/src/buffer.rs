@@ -7,7 +7,7 @@ use hbdnn_sys as sys;
 
 use crate::model::PackedInner;
 use crate::runtime::{ffi, RtInner};
-use crate::{Error, Result, TensorSpec};
+use crate::{Error, FlushMode, Result, TensorSpec};
 
 /// One cached device allocation (`hbUCPMallocCached`), freed on drop.
 pub struct DeviceBuffer {
@@ -131,12 +131,6 @@ impl DeviceBuffer {
         )
     }
 
-    /// CLEAN of `len` bytes at `offset`.
-    pub fn clean_range(&self, offset: usize, len: usize) -> Result<()> {
-        let m = self.range(offset, len)?;
-        self.flush(&m, sys::HB_SYS_MEM_CACHE_CLEAN, "hbUCPMemFlush(CLEAN)")
-    }
-
     /// INVALIDATE: drop CPU-cached bytes so the host view shows device writes.
     pub fn invalidate(&mut self) -> Result<()> {
         self.flush(
@@ -146,8 +140,62 @@ impl DeviceBuffer {
         )
     }
 
-    /// INVALIDATE of `len` bytes at `offset`.
+    /// CLEAN of `len` bytes at `offset`; under [`FlushMode::Whole`] a CLEAN of the whole
+    /// buffer (see [`Self::prepare_write`]).
+    pub fn clean_range(&self, offset: usize, len: usize) -> Result<()> {
+        let m = self.range(offset, len)?;
+        match self.rt.flush.get() {
+            FlushMode::Range => self.flush(&m, sys::HB_SYS_MEM_CACHE_CLEAN, "hbUCPMemFlush(CLEAN)"),
+            FlushMode::Whole => self.clean(),
+        }
+    }
+
+    /// INVALIDATE of `len` bytes at `offset`; under [`FlushMode::Whole`] an INVALIDATE of the
+    /// whole buffer, which also drops CPU writes elsewhere in it that were not CLEANed: CLEAN
+    /// every write before invalidating any part of a buffer.
     pub fn invalidate_range(&mut self, offset: usize, len: usize) -> Result<()> {
+        let m = self.range(offset, len)?;
+        match self.rt.flush.get() {
+            FlushMode::Range => self.flush(
+                &m,
+                sys::HB_SYS_MEM_CACHE_INVALIDATE,
+                "hbUCPMemFlush(INVALIDATE)",
+            ),
+            FlushMode::Whole => self.invalidate(),
+        }
+    }
+
+    /// Call before the CPU writes `len` bytes at `offset` of a buffer the device may have
+    /// written since the host view was last INVALIDATEd, when only that range will be
+    /// CLEANed. Under [`FlushMode::Whole`] that CLEAN covers the whole buffer, and the
+    /// simulator's CLEAN writes back every line whose host bytes differ from the device's
+    /// (it sees bytes, not stores; hardware writes back only the lines the CPU dirtied), so
+    /// stale host lines would overwrite device writes: the whole buffer is INVALIDATEd first,
+    /// unless the write covers all of it. Nothing under [`FlushMode::Range`]. Every earlier
+    /// CPU write must have been CLEANed.
+    pub fn prepare_write(&mut self, offset: usize, len: usize) -> Result<()> {
+        self.range(offset, len)?;
+        let covers_all = offset == 0 && len == self.size;
+        if self.rt.flush.get() == FlushMode::Whole && !covers_all {
+            self.invalidate()?;
+        }
+        Ok(())
+    }
+
+    /// How this buffer's range flushes reach the library (its runtime's
+    /// [`crate::Runtime::flush_mode`]).
+    pub fn flush_mode(&self) -> FlushMode {
+        self.rt.flush.get()
+    }
+
+    /// CLEAN of exactly `len` bytes at `offset`, whatever the flush mode.
+    pub(crate) fn clean_exact(&self, offset: usize, len: usize) -> Result<()> {
+        let m = self.range(offset, len)?;
+        self.flush(&m, sys::HB_SYS_MEM_CACHE_CLEAN, "hbUCPMemFlush(CLEAN)")
+    }
+
+    /// INVALIDATE of exactly `len` bytes at `offset`, whatever the flush mode.
+    pub(crate) fn invalidate_exact(&mut self, offset: usize, len: usize) -> Result<()> {
         let m = self.range(offset, len)?;
         self.flush(
             &m,

@@ -17,6 +17,8 @@
 //! - `tensor` — [`DType`], [`TensorSpec`] and stride resolution;
 //! - `graph` — [`Graph`], [`Sched`] and the task of one run;
 //! - `buffer` — [`DeviceBuffer`]: host view, clean/invalidate, row and tensor copies;
+//! - `flush` — [`FlushMode`]: whether range flushes reach the library as ranges or as whole
+//!   allocations, and the probe that finds out;
 //! - `error` — [`Error`], [`Status`], [`Side`].
 //!
 //! Must not depend on: `bpu-sim`, `vlm`, `qwen35` (the simulator is reached only through the
@@ -32,6 +34,7 @@
 
 mod buffer;
 mod error;
+mod flush;
 mod graph;
 mod model;
 mod runtime;
@@ -39,6 +42,7 @@ mod tensor;
 
 pub use buffer::DeviceBuffer;
 pub use error::{Error, Side, Status};
+pub use flush::{FlushMode, FlushProbe};
 pub use graph::{Graph, Sched};
 pub use hbdnn_sys::{FnTable, MappedLibrary, TableSource, LIBDNN, LIBHBUCP};
 pub use model::PackedModel;

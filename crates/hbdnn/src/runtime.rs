@@ -29,6 +29,8 @@ pub(crate) struct RtInner {
     /// Set when a task timed out: the BPU may still be running it and writing its buffers,
     /// so nothing it could touch is released again (buffers, the task, the packed model).
     wedged: Cell<bool>,
+    /// How range flushes reach the library ([`crate::FlushMode`]).
+    pub(crate) flush: Cell<crate::FlushMode>,
 }
 
 impl RtInner {
@@ -86,7 +88,7 @@ pub struct Versions {
 /// The entry point: a function table plus the calls that need no model.
 #[derive(Clone)]
 pub struct Runtime {
-    inner: Rc<RtInner>,
+    pub(crate) inner: Rc<RtInner>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -104,6 +106,7 @@ impl Runtime {
             inner: Rc::new(RtInner {
                 table,
                 wedged: Cell::new(false),
+                flush: Cell::new(crate::FlushMode::Range),
             }),
         };
         let v = rt.versions();

@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bpu_sim::{
-    Container, FaultAction, FaultRule, GraphDesc, GraphKind, Sim, SimConfig, TensorDesc,
+    Container, FaultAction, FaultRule, FlushPolicy, GraphDesc, GraphKind, Sim, SimConfig,
+    TensorDesc,
 };
-use hbdnn::{DeviceBuffer, Error, Graph, PackedModel, Runtime, Sched, Status};
+use hbdnn::{DeviceBuffer, Error, FlushMode, Graph, PackedModel, Runtime, Sched, Status};
 
 const F32: i32 = hbdnn_sys::HB_DNN_TENSOR_TYPE_F32;
 
@@ -181,6 +182,57 @@ fn range_flushes_move_whole_cache_lines() {
         i.clean_range(90, 10),
         Err(Error::OutOfBounds { .. })
     ));
+}
+
+/// A library that flushes only whole allocations: the probe finds it, and in whole mode
+/// every range flush covers the whole buffer (a range would be refused), with
+/// `prepare_write` keeping stale host bytes from overwriting what the device wrote.
+#[test]
+fn the_flush_probe_and_whole_mode() {
+    let f = fixture();
+    let p = f.rt.probe_flush().unwrap();
+    assert_eq!((p.mode, p.refusal.is_none()), (FlushMode::Range, true));
+    assert_eq!(f.rt.flush_mode(), FlushMode::Range, "probing sets nothing");
+    let (_m, g, mut i, mut o) = setup(&f);
+    f.sim.set_flush(FlushPolicy::Whole);
+    let p = f.rt.probe_flush().unwrap();
+    assert_eq!(p.mode, FlushMode::Whole);
+    let refusal = p.refusal.unwrap();
+    assert_eq!(refusal.status(), Some(Status::InvalidArgument), "{refusal}");
+    // Range mode on a whole-only library: the range flush fails.
+    assert_eq!(
+        i.clean_range(4, 4).unwrap_err().status(),
+        Some(Status::InvalidArgument)
+    );
+    f.rt.set_flush_mode(FlushMode::Whole);
+    assert_eq!(i.flush_mode(), FlushMode::Whole, "existing buffers follow");
+    // A CLEAN "of one float" now writes all three rows back, row 2 included.
+    i.write_tensor(&g.inputs()[0], &input_data()).unwrap();
+    i.clean_range(4, 4).unwrap();
+    g.run(&[&i], &mut [&mut o], &Sched::default()).unwrap();
+    let ospec = g.outputs()[0].clone();
+    o.invalidate_range(ospec.row_offset(1), 4).unwrap();
+    assert_eq!(o.read_tensor::<f32>(&ospec).unwrap(), expected());
+    // The BPU writes the output again; the host view of it is now stale. The CPU rewrites
+    // row 0 only: without `prepare_write` the whole CLEAN would push the stale rows 1 and 2
+    // back over the BPU's (the simulator writes back every line that differs).
+    i.write_tensor(&g.inputs()[0], &[1f32; 15]).unwrap();
+    i.clean().unwrap();
+    g.run(&[&i], &mut [&mut o], &Sched::default()).unwrap();
+    o.prepare_write(0, 20).unwrap();
+    o.write_rows(0, 0, 5, &[9f32; 5]).unwrap();
+    o.clean_range(0, 20).unwrap();
+    let dev = f.sim.device_bytes(o.sys_mem().phyAddr, 192).unwrap();
+    let row = |r: usize| -> Vec<f32> {
+        dev[r * 64..r * 64 + 20]
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        (row(0), row(1), row(2)),
+        (vec![9.0; 5], vec![3.0; 5], vec![3.0; 5])
+    );
 }
 
 #[test]

@@ -3,7 +3,9 @@
 //! them is an error). Implements the engine's [`Backend`] seam with the contract's decode
 //! loop: I/O by index, ping-pong cache sets A/B, the right-aligned window mask written into
 //! every head plane, M-RoPE cos/sin per row, CLEAN after CPU writes and INVALIDATE before CPU
-//! reads, S16 logits dequantised by the output scale, and the §10.2 state snapshots.
+//! reads (of the bytes concerned, or of whole buffers when the runtime refuses a flush of part
+//! of one: [`flush`], probed at open), S16 logits dequantised by the output scale, and the
+//! §10.2 state snapshots.
 //!
 //! Before anything is loaded: one engine per board ([`lock`]), the BPU march of sim containers,
 //! and the ION pool ([`pool`]: the `.hbm` sizes, then the cache sets before any buffer, as
@@ -31,6 +33,7 @@ pub mod check;
 pub mod contract;
 mod embed;
 mod error;
+pub mod flush;
 mod kept;
 pub mod lock;
 mod logits;
@@ -62,6 +65,7 @@ use vlm::vision::PixelValues;
 use contract::DecodeShape;
 pub use embed::EmbedTable;
 pub use error::BpuError;
+pub use flush::{FlushDecision, FlushOption};
 pub use lock::EngineLock;
 use logits::LogitsAt;
 pub use pool::PoolCheck;
@@ -112,6 +116,9 @@ pub struct BpuOptions {
     /// ([`Backend::keep`]: a latest-frame pre-fill that asks start from without a copy). One
     /// more set of device memory; when it cannot be had the backend opens without it.
     pub keep_set: bool,
+    /// Whether CLEAN and INVALIDATE name ranges inside an allocation ([`FlushOption`]; parses
+    /// `auto`, `range`, `whole`): `Auto` (default) probes the runtime at open.
+    pub flush: FlushOption,
 }
 
 /// Default of [`BpuOptions::timeout`]: the longest graph call of the 4B package is ~0.74 s.
@@ -132,6 +139,7 @@ impl Default for BpuOptions {
             interrupt: Interrupt::new(),
             pool_check: PoolCheck::default(),
             keep_set: false,
+            flush: FlushOption::Auto,
         }
     }
 }
@@ -194,6 +202,8 @@ pub struct BpuBackend {
     tail: TailDecision,
     /// hbDNN, hbUCP and SoC versions and where the libraries come from.
     runtime: RuntimeInfo,
+    /// Range or whole-allocation flushes: what the probe found and what is used.
+    flush: FlushDecision,
     /// Wall time spent inside graph runs (submit to done), for host-overhead accounting.
     graph_time: std::time::Duration,
     _packed: Vec<PackedModel>,
@@ -231,6 +241,11 @@ impl BpuBackend {
     /// How prompt tails run (stepped or padded, which layout) and how that was decided.
     pub fn tail_decision(&self) -> &TailDecision {
         &self.tail
+    }
+
+    /// Whether the runtime accepts range flushes (the probe at open) and what the buffers use.
+    pub fn flush(&self) -> FlushDecision {
+        self.flush
     }
 
     /// The runtime that runs the graphs: library source and versions.

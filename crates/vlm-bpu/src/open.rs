@@ -55,6 +55,7 @@ struct Loaded {
     runtime: RuntimeInfo,
     /// Allocate the optional third cache set (asked for, and the pool preflight allows it).
     keep_set: bool,
+    flush: crate::FlushDecision,
 }
 
 impl BpuBackend {
@@ -84,6 +85,7 @@ impl BpuBackend {
         step("opening the runtime")?;
         let runtime = runtime(implementation, opts.lib_dir.as_deref())?;
         let runtime_info = RuntimeInfo::of(&runtime);
+        let flush = crate::flush::decide(&runtime, opts.flush, &cfg.hbm)?;
         tracing::info!(package = %dir.display(), %implementation, "opening BPU package");
         step("loading the text graphs")?;
         let text = load_text_graphs(&runtime, &cfg, opts.no_prefill_graph)?;
@@ -107,6 +109,7 @@ impl BpuBackend {
                 lock,
                 runtime: runtime_info,
                 keep_set,
+                flush,
             },
             opts,
         )?;
@@ -393,6 +396,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         lock,
         runtime,
         keep_set,
+        flush,
     } = loaded;
     let TextGraphs {
         main,
@@ -470,6 +474,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         cfg,
         tail,
         runtime,
+        flush,
         graph_time: std::time::Duration::ZERO,
         _packed: packed,
         _lock: lock,

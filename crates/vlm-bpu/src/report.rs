@@ -52,6 +52,10 @@ pub struct PackageReport {
     /// What does not stop the package but a board owner should know (a pool that looks too
     /// small under `--pool-check warn`, a prefill cache's different `alignedByteSize`).
     pub warnings: Vec<String>,
+    /// `range` when the runtime accepted a CLEAN and an INVALIDATE of part of an allocation
+    /// (probed on a scratch buffer), `whole` when it refused; what was found, whatever
+    /// `--flush` asks. `None` without a runtime.
+    pub flush: Option<String>,
 }
 
 /// The `model.json` keys a board user checks first.
@@ -234,6 +238,9 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
     let mut violations: Vec<String> = r.violations.iter().map(ToString::to_string).collect();
     let warnings = r.warnings.iter().map(ToString::to_string).collect();
     let decision = tail_decision(dir, opts, &r, runtime.as_ref(), &mut violations);
+    let flush = implementation
+        .filter(|_| runtime.is_some())
+        .and_then(|i| probe_flush(i, opts, &mut violations));
     PackageReport {
         package: dir.to_owned(),
         implementation: implementation.map(|i| i.to_string()),
@@ -251,6 +258,35 @@ pub fn package_report(dir: &Path, opts: &BpuOptions) -> PackageReport {
         prefill_tail_decision: decision,
         violations,
         warnings,
+        flush,
+    }
+}
+
+/// What the flush probe finds on a runtime of its own; a failed probe, or a forced
+/// `--flush range` the runtime refuses, is a violation (opening would fail the same way).
+fn probe_flush(
+    implementation: Implementation,
+    opts: &BpuOptions,
+    violations: &mut Vec<String>,
+) -> Option<String> {
+    let rt = match implementation {
+        Implementation::Sim => Runtime::new(bpu_sim::table().ok()?),
+        Implementation::Board => Runtime::board(opts.lib_dir.as_deref()).ok()?,
+    };
+    match rt.probe_flush() {
+        Ok(p) => {
+            if let (crate::FlushOption::Range, Some(refusal)) = (opts.flush, &p.refusal) {
+                violations.push(format!(
+                    "--flush range (bpu_flush: range) is asked for, but the runtime refuses a \
+                     flush of part of an allocation ({refusal})"
+                ));
+            }
+            Some(p.mode.to_string())
+        }
+        Err(e) => {
+            violations.push(format!("probing range flushes on a scratch buffer: {e}"));
+            None
+        }
     }
 }
 

@@ -136,6 +136,8 @@ impl BpuBackend {
                 if r.is_empty() {
                     continue;
                 }
+                buf.prepare_write(r.start, r.len())
+                    .map_err(|e| device("INVALIDATE", e))?;
                 buf.as_mut_bytes()[r.clone()].fill(0);
                 buf.clean_range(r.start, r.len())
                     .map_err(|e| device("CLEAN", e))?;
@@ -260,6 +262,10 @@ impl BpuBackend {
         {
             let old = layout.occupied(before, context);
             let touched = old.start.min(range.start)..range.end.max(old.end);
+            if !touched.is_empty() {
+                buf.prepare_write(touched.start, touched.len())
+                    .map_err(|e| device("INVALIDATE", e))?;
+            }
             let bytes = buf.as_mut_bytes();
             bytes[touched.start..range.start].fill(0);
             bytes[range.clone()].copy_from_slice(data);

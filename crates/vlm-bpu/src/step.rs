@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::path::Path;
 use std::time::Instant;
 
-use hbdnn::{DeviceBuffer, Graph, TensorSpec};
+use hbdnn::{DeviceBuffer, FlushMode, Graph, TensorSpec};
 
 use vlm::chat::Pos3;
 use vlm::engine::{check_rows, Backend, EngineError, StateShape};
@@ -316,11 +316,18 @@ impl BpuBackend {
             let col = cl - p - 1;
             let (s0, s1) = (spec.strides[0], spec.strides[1]);
             let buf = &mut self.decode.fixed[MASK];
+            // Only the CPU writes the mask, so a whole CLEAN writes back just these columns.
+            let whole = buf.flush_mode() == FlushMode::Whole;
             for h in 0..self.shape.mask_heads {
                 let at = h * s0 + col * s1;
                 let bytes = buf.as_mut_bytes();
                 bytes[at..at + 4].copy_from_slice(&0f32.to_le_bytes());
-                buf.clean_range(at, 4).map_err(|e| device("CLEAN", e))?;
+                if !whole {
+                    buf.clean_range(at, 4).map_err(|e| device("CLEAN", e))?;
+                }
+            }
+            if whole {
+                buf.clean().map_err(|e| device("CLEAN", e))?;
             }
         } else {
             let mask = qwen35::window_mask(p, 1, cl, self.shape.mask_heads);

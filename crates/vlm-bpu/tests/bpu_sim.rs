@@ -8,10 +8,12 @@
 use std::time::Duration;
 
 use bpu_sim::package::PrefillIn;
-use bpu_sim::{FaultAction, FaultRule, LogitsType};
+use bpu_sim::{FaultAction, FaultRule, FlushPolicy, LogitsType};
+use hbdnn::FlushMode;
 use vlm::chat::Pos3;
 use vlm::engine::{Backend, Engine, EngineError};
-use vlm_bpu::{BpuBackend, BpuOptions};
+use vlm_bpu::report::package_report;
+use vlm_bpu::{BpuBackend, BpuError, BpuOptions, FlushDecision, FlushOption};
 
 use vlm_testkit as common;
 
@@ -35,6 +37,105 @@ impl BackendFactory for SimFactory {
 }
 
 common::backend_suite!(SimFactory::default());
+
+/// [`SimFactory`] on a simulator whose library flushes only whole allocations (any other
+/// range fails the call), whatever `BPU_SIM_FLUSH` says.
+struct WholeFlushFactory(SimFactory);
+
+impl WholeFlushFactory {
+    fn new() -> Self {
+        let f = SimFactory::default();
+        f.packages.sim().set_flush(FlushPolicy::Whole);
+        Self(f)
+    }
+}
+
+impl BackendFactory for WholeFlushFactory {
+    type Backend = BpuBackend;
+
+    fn open(&self, spec: Spec) -> BpuBackend {
+        let b = self.0.open(spec);
+        let whole = FlushDecision {
+            found: FlushMode::Whole,
+            used: FlushMode::Whole,
+        };
+        assert_eq!(b.flush(), whole);
+        b
+    }
+}
+
+/// A library that refuses flushes of part of an allocation: the probe at open finds it, the
+/// backend flushes whole buffers (so no call is refused), generation reproduces the HF
+/// goldens, snapshots round-trip, and the report says `whole`.
+#[test]
+fn whole_allocation_flushes_reproduce_the_goldens() {
+    let f = WholeFlushFactory::new();
+    common::scenarios::golden_cases_match_the_cpu_reference(&f);
+    common::scenarios::snapshot_restore_continue_equals_an_uninterrupted_run(&f);
+    let dir = f.0.packages.dir(Spec::new("tiny-sym", 512, 32));
+    let r = package_report(&dir, &BpuOptions::default());
+    assert_eq!(r.flush.as_deref(), Some("whole"), "{:?}", r.violations);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+/// `--flush` against each library: `range` is what the probe finds on one that takes
+/// ranges; `whole` forced there flushes whole buffers and changes no logit, while the report
+/// still says what the probe found; `range` forced on a library that refuses ranges fails
+/// at open naming the option (and is a violation in the report).
+#[test]
+fn the_flush_option_against_each_library() {
+    let f = SimFactory::default();
+    f.packages.sim().set_flush(FlushPolicy::Range);
+    let dir = f.packages.dir(Spec::new("tiny-sym", 512, 32));
+    let with = |flush| BpuOptions {
+        flush,
+        ..BpuOptions::default()
+    };
+    let decision = |found, used| FlushDecision { found, used };
+    let k = golden_case("tiny-sym", "text_long");
+    let run = |flush, want: FlushDecision| {
+        let b = BpuBackend::open(&dir, &with(flush)).unwrap();
+        assert_eq!(b.flush(), want);
+        greedy_case(&mut Engine::new(b, common::tokenizer()), &k, GOLDEN_STEPS)
+    };
+    let ranges = run(
+        FlushOption::Auto,
+        decision(FlushMode::Range, FlushMode::Range),
+    );
+    let wholes = run(
+        FlushOption::Whole,
+        decision(FlushMode::Range, FlushMode::Whole),
+    );
+    assert_matches_reference(&wholes, &ranges, 0.0, &k);
+    for opt in [FlushOption::Auto, FlushOption::Whole] {
+        assert_eq!(
+            package_report(&dir, &with(opt)).flush.as_deref(),
+            Some("range")
+        );
+    }
+    f.packages.sim().set_flush(FlushPolicy::Whole);
+    let e = BpuBackend::open(&dir, &with(FlushOption::Range))
+        .err()
+        .unwrap();
+    let msg = e.to_string();
+    assert!(matches!(e, BpuError::Config { .. }), "{msg}");
+    assert!(
+        msg.contains("--flush range") && msg.contains("bpu_flush") && msg.contains("refuses"),
+        "{msg}"
+    );
+    let r = package_report(&dir, &with(FlushOption::Range));
+    assert_eq!(r.flush.as_deref(), Some("whole"));
+    assert!(
+        r.violations.iter().any(|v| v.contains("--flush range")),
+        "{:?}",
+        r.violations
+    );
+    assert_eq!(
+        f.packages.sim().stats().live_buffers,
+        0,
+        "the probes free their scratch"
+    );
+}
 
 #[test]
 fn variants_match_the_cpu_backend() {

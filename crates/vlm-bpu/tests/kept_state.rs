@@ -67,7 +67,7 @@ fn a_kept_state_survives_other_work_and_continues_unchanged() {
 fn without_a_third_set_nothing_is_kept() {
     let d = tempfile::tempdir().unwrap();
     sim_package("tiny-sym", d.path(), |o| o.cache_len = 64);
-    let sim = Sim::new(SimConfig::default());
+    let sim = Sim::new(SimConfig::defaults_with_env_flush().unwrap());
     sim.install();
     let used = |keep: bool| {
         let b = open(d.path(), keep);

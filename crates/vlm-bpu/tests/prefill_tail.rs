@@ -22,7 +22,7 @@ use vlm_bpu::{BpuBackend, BpuOptions, PadMarking, PadMask, PadRope, PrefillTail,
 const MODEL: &str = "tiny-sym";
 
 fn sim() -> Sim {
-    let s = Sim::new(SimConfig::default());
+    let s = Sim::new(SimConfig::defaults_with_env_flush().unwrap());
     s.install();
     s
 }

@@ -251,3 +251,67 @@ fn generate_package_with_a_padded_tail_matches_the_goldens() {
         assert_matches(&got, &c.greedy, &want, LOGIT_TOL, &what);
     }
 }
+
+/// Issue 22: on a simulated library that refuses flushes of part of an allocation
+/// (`BPU_SIM_FLUSH=whole`) `vlm generate --package` still reproduces the HF goldens, with
+/// padded prompt tails too (their K/V fix-up flushes part of each cache), and the report says
+/// `"flush": "whole"`; on the default library it says `"range"`. A forced `--flush range`
+/// on the refusing library fails naming the option; an unknown `BPU_SIM_FLUSH` is an error.
+#[test]
+fn whole_allocation_flushes_reproduce_the_goldens_and_the_report_says_so() {
+    let model = "tiny-sym";
+    let d = tempfile::tempdir().unwrap();
+    sim_package(model, d.path(), |o| {
+        o.prefill_pads = true;
+        o.prefill_min_tail = Some(4);
+    });
+    let cache = tempfile::tempdir().unwrap();
+    let cache_env = ("VLM_BPU_CACHE_DIR", cache.path().to_str().unwrap());
+    let dir = d.path().to_str().unwrap();
+    for (policy, found) in [("range", "range"), ("whole", "whole")] {
+        let env = [("BPU_SIM_FLUSH", policy), cache_env];
+        for name in ["text_long", "image_one"] {
+            let c = golden_case(model, name);
+            let what = format!("BPU_SIM_FLUSH={policy} {name}");
+            let got = parse(&generate("--package", d.path(), &c, &env), &what);
+            assert_matches(
+                &got,
+                &c.greedy,
+                &golden_step_logits(model, &c),
+                LOGIT_TOL,
+                &what,
+            );
+        }
+        let out = vlm(&["check", dir, "--report", "--json"], &env);
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(j["flush"], found, "{j}");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let c = golden_case(model, "text_short");
+    let env = [("BPU_SIM_FLUSH", "whole"), cache_env];
+    let out = generate_with("--package", d.path(), &c, &env, &["--flush", "range"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("--flush range") && err.contains("refuses"),
+        "{err}"
+    );
+    let got = generate_with("--package", d.path(), &c, &env, &["--flush", "whole"]);
+    assert_eq!(parse(&got, "--flush whole").tokens, c.greedy);
+    let out = generate(
+        "--package",
+        d.path(),
+        &c,
+        &[("BPU_SIM_FLUSH", "partial"), cache_env],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("BPU_SIM_FLUSH") && err.contains("partial"),
+        "{err}"
+    );
+}

@@ -113,7 +113,8 @@ impl BackendFactory for CpuFactory {
 
 /// Sim packages of the fixture models, one per [`Spec`], written on first use into temporary
 /// directories that live as long as this value; a fresh simulator is installed on the
-/// creating thread (no faults, no pool limit, whatever the environment says).
+/// creating thread (no faults, no pool limit, whatever the environment says; only the flush
+/// policy follows `BPU_SIM_FLUSH`, so the suites rerun against a whole-flush library).
 pub struct SimPackages {
     sim: Sim,
     dirs: RefCell<HashMap<Spec, tempfile::TempDir>>,
@@ -121,7 +122,7 @@ pub struct SimPackages {
 
 impl Default for SimPackages {
     fn default() -> Self {
-        let sim = Sim::new(SimConfig::default());
+        let sim = Sim::new(SimConfig::defaults_with_env_flush().unwrap());
         sim.install();
         Self {
             sim,

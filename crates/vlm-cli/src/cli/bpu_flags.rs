@@ -29,6 +29,12 @@ pub struct BpuFlags {
     /// Same as `--prefill-tail auto` (kept for older scripts).
     #[arg(long)]
     pub pad_tail: bool,
+    /// Cache flushes of part of a buffer: `auto` probes the runtime at open and flushes
+    /// whole buffers when it refuses a range; `range` fails to open on such a runtime;
+    /// `whole` always flushes whole buffers (for a runtime that accepts a range flush but
+    /// gets it wrong, which no probe can see).
+    #[arg(long, value_name = "auto|range|whole", default_value_t = vlm_bpu::FlushOption::Auto)]
+    pub flush: vlm_bpu::FlushOption,
 }
 
 /// Flags of the commands that run requests (generate, chat, bench).
@@ -59,6 +65,7 @@ impl BpuFlags {
         opts.timeout =
             vlm_bpu::timeout_from_secs(self.bpu_timeout_s).unwrap_or(vlm_bpu::DEFAULT_TIMEOUT);
         opts.pool_check = self.pool_check;
+        opts.flush = self.flush;
         opts.prefill_tail = if self.pad_tail {
             vlm_bpu::PrefillTail::Auto
         } else {

@@ -116,6 +116,14 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
             )?;
         }
     }
+    if let Some(f) = &r.flush {
+        let why = if f == "range" {
+            "the runtime accepts a flush of part of a buffer"
+        } else {
+            "the runtime refuses a flush of part of a buffer: whole buffers are flushed"
+        };
+        writeln!(out, "  flush             {f} ({why})")?;
+    }
     if let Some(e) = &r.runtime_error {
         writeln!(out, "  runtime           cannot be opened: {e}")?;
     }
