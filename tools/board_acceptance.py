@@ -3,7 +3,7 @@ board-report.md, exits 1 when a section that ran did not pass.
 
 Run by the shell script (which bootstraps ROS, builds the binaries and, with --sim, makes
 the simulator packages); see `tools/board-acceptance.sh --help`. Published figures come
-from the seed package's card (../shared/reference/seed-package.md, restated in BENCHMARKS.md).
+from the seed package's card (HF ruisv/bllm-qwen3.5-4b), restated in BENCHMARKS.md.
 """
 
 import argparse

@@ -236,7 +236,7 @@ pub struct TimingModel {
 }
 
 impl TimingModel {
-    /// Latencies derived from the contract §10.4 for a model of text hidden size `hidden`:
+    /// Latencies derived from docs/package-contract.md §10.4 for a model of text hidden size `hidden`:
     /// decode = 1 / published tok/s of the ctx4k package of that size (0.8B 18.52, 2B 13.20,
     /// 4B 6.14 tok/s); prefill chunk: 4B = the measured full 32-row chunk of the published
     /// ctx4k package (739 ms, seed package, 2026-11 update table), smaller sizes = 32 rows at

@@ -52,9 +52,9 @@ pub enum GraphKind {
     /// Test graph: every output `i` = input `i` × `mul` + `add`, element-wise on f32 tensors of
     /// equal shape (strides may differ).
     Affine { mul: f32, add: f32 },
-    /// Qwen3.5 text graph over `rows` rows (1 = decode), contract §3/§4.
+    /// Qwen3.5 text graph over `rows` rows (1 = decode), docs/package-contract.md §3/§4.
     Qwen35Text(TextParams),
-    /// Qwen3.5 vision tower, contract §6.
+    /// Qwen3.5 vision tower, docs/package-contract.md §6.
     Visual(VisualParams),
 }
 
@@ -80,7 +80,7 @@ pub struct TextParams {
     pub logits: LogitsType,
     /// Scale of S16 logits.
     pub logits_scale: f32,
-    /// Prefill only: the padded-tail protocol inferred in the contract §4.4 (unconfirmed on
+    /// Prefill only: the padded-tail protocol inferred in docs/package-contract.md §4.4 (unconfirmed on
     /// a board). The graph counts its pads `N − t` as the rows carrying its marking
     /// ([`TextParams::pad_rope`] and [`TextParams::pad_mask`], [`crate::pads`]) and takes the
     /// rows where [`TextParams::pad_layout`] puts pads as the pads, whatever the runtime put

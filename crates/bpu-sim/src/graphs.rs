@@ -1,5 +1,5 @@
 //! Contract graphs computed with `crates/qwen35`: the text graphs (`qwen35` decode and
-//! `qwen35_prefill`, contract §3/§4) and the vision tower (`visual`, §6), plus their I/O specs.
+//! `qwen35_prefill`, docs/package-contract.md §3/§4) and the vision tower (`visual`, §6), plus their I/O specs.
 
 use std::sync::Arc;
 
@@ -16,7 +16,7 @@ use crate::kernels::{read_f32, write_f32, Kernel};
 use crate::pads::ChunkView;
 
 /// Extra bytes added to the row pitch of multi-row tensors, so that a reader assuming tight
-/// rows reads garbage (boards pad rows; contract §3.3).
+/// rows reads garbage (boards pad rows; docs/package-contract.md §3.3).
 pub const ROW_PAD: usize = 32;
 
 /// A tensor of `shape`: multi-row tensors get an explicitly padded row pitch, unless the graph
@@ -96,7 +96,7 @@ fn differing_cache_outputs(caches: &mut [TensorDesc]) -> Vec<TensorDesc> {
     outs
 }
 
-/// The text graph's I/O (contract §3.1 / §4.2).
+/// The text graph's I/O (docs/package-contract.md §3.1 / §4.2).
 pub fn text_graph_desc(name: &str, cfg: &TextConfig, p: &TextParams) -> GraphDesc {
     let f32t = sys::HB_DNN_TENSOR_TYPE_F32;
     let n = p.rows;
@@ -151,7 +151,7 @@ pub fn per_axis_scales(scale: f32, len: usize) -> Vec<f32> {
         .collect()
 }
 
-/// The vision graph's I/O (contract §6): `[n_patch, C·T·P·P]` f32 → `[n_token, out_hidden]`,
+/// The vision graph's I/O (docs/package-contract.md §6): `[n_patch, C·T·P·P]` f32 → `[n_token, out_hidden]`,
 /// each with `p.rank - 2` leading 1s.
 pub fn visual_graph_desc(name: &str, cfg: &VisionConfig, p: &VisualParams) -> GraphDesc {
     let grid = p.image_size / cfg.patch_size;

@@ -5,7 +5,7 @@
 //! - the tensor type and `validShape` equal the model's;
 //! - every stride is resolved (no `-1`), at least the tight one (the element size on the last
 //!   dim, `stride[d+1] × dim[d+1]` outside), a multiple of 32 on an outer dim the model leaves
-//!   to the runtime (`-1`; the alignment `hbdnn-api.md` §3.3 gives), and equal to the
+//!   to the runtime (`-1`; the alignment of docs/package-contract.md §3.3), and equal to the
 //!   model's where the model fixes it (the graph was compiled for that layout);
 //! - `virAddr` aligned to [`crate::SimConfig::vir_align`] (no document gives libdnn's number:
 //!   64 bytes, one cache line, by default);
@@ -19,7 +19,7 @@ use hbdnn_sys as sys;
 
 use crate::container::elem_size;
 
-/// Outer strides the runtime resolves are aligned to this (contract §3.3, `kAlign`).
+/// Outer strides the runtime resolves are aligned to this (docs/package-contract.md §3.3, `kAlign`).
 pub const STRIDE_ALIGN: i64 = 32;
 
 /// `"input"` or `"output"`.

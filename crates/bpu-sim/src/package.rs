@@ -50,7 +50,7 @@ pub struct PackageOptions {
     pub image_size: usize,
     /// System prompt written to `model.json`.
     pub system: String,
-    /// `--prefill-pads`: the prefill graph accepts a padded tail (contract §4.4, inferred).
+    /// `--prefill-pads`: the prefill graph accepts a padded tail (docs/package-contract.md §4.4, inferred).
     pub prefill_pads: bool,
     /// `prefill_min_tail` written with `--prefill-pads` (default: the chunk size).
     pub prefill_min_tail: Option<usize>,

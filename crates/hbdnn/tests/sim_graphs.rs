@@ -474,7 +474,7 @@ fn visual_graph_matches_the_tower() {
     assert!(max_diff(&got, &want) <= F32_TOL);
 }
 
-/// The padded-tail variant (contract §4.4, inferred protocol): a chunk of t real rows + pads,
+/// The padded-tail variant (docs/package-contract.md §4.4, inferred protocol): a chunk of t real rows + pads,
 /// followed by the runtime's K/V fix-up, equals t decode steps.
 #[test]
 fn padded_prefill_tail_equals_decode_steps() {

@@ -124,7 +124,7 @@ impl TextConfig {
         2 * self.linear_key_dim() + self.linear_value_dim()
     }
     /// For each of the `rotary_dim/2` frequencies, the position axis it reads (0 = T, 1 = H,
-    /// 2 = W), interleaved as HF `apply_interleaved_mrope` does (contract §5).
+    /// 2 = W), interleaved as HF `apply_interleaved_mrope` does (docs/package-contract.md §5).
     pub fn mrope_axes(&self) -> Vec<usize> {
         mrope_axes(self.rotary_dim / 2, &self.mrope_section)
     }

@@ -58,7 +58,7 @@ pub fn rope_tables(
 }
 
 /// Additive mask `[heads, n, cl]` for `n` new rows entering a right-aligned window of `cl`
-/// slots that already holds `consumed` rows (contract §3.4/§4.3): with `T = consumed + n` and
+/// slots that already holds `consumed` rows (docs/package-contract.md §3.4/§4.3): with `T = consumed + n` and
 /// `lo = cl - min(T, cl)`, row `j` sees columns `[lo, cl - n + j]`; every head plane is the same.
 pub fn window_mask(consumed: usize, n: usize, cl: usize, heads: usize) -> Vec<f32> {
     let mut plane = vec![MASK_NEG; n * cl];

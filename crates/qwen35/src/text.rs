@@ -31,7 +31,7 @@ pub enum LayerState {
 pub enum KvLayout {
     /// Rows appended as they come (CPU path); `rows` = tokens so far.
     Growing,
-    /// Fixed window of `capacity` rows, right-aligned (package contract §3.5).
+    /// Fixed window of `capacity` rows, right-aligned (docs/package-contract.md §3.5).
     Window { capacity: usize },
 }
 

@@ -1,6 +1,6 @@
 //! `vlm check`: every contract violation of a package, not just the first — the manifest, the
 //! implementation its `.hbm` files need (and the libraries for it), the BPU march, the ION pool,
-//! each graph's I/O against the contract (§3.1, §4.1–§4.2, §6) and the embedding table's size.
+//! each graph's I/O against docs/package-contract.md (§3.1, §4.1–§4.2, §6) and the embedding table's size.
 //! Loads the graphs (under the engine lock on a board) but allocates no cache set.
 
 use std::path::{Path, PathBuf};

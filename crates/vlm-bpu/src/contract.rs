@@ -1,4 +1,4 @@
-//! Graph checks against the package contract (§3.1 decode I/O, §4.1–§4.2 prefill I/O): the
+//! Graph checks against docs/package-contract.md (§3.1 decode I/O, §4.1–§4.2 prefill I/O): the
 //! window `CL` and mask planes come from the mask, `H` from input 0, `ROT` from input 1,
 //! `vocab` from output 0, caches by index. As tolerant as BLLM where a board may report
 //! otherwise than our simulator: a cache output only has to fit the buffer of its input (a

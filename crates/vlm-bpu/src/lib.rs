@@ -15,7 +15,7 @@
 //! the graph `visual` else the only one; [`EmbedTable`]: a longer table); per-axis
 //! quantisation on a tensor the runtime reads or writes is refused, never read as `scale[0]`.
 //! A prompt tail shorter than a chunk is stepped row by row, or run as one padded chunk when
-//! the package sets `prefill_pads` ([`BpuOptions::prefill_tail`]; contract §4.4, unconfirmed
+//! the package sets `prefill_pads` ([`BpuOptions::prefill_tail`]; docs/package-contract.md §4.4, unconfirmed
 //! on a board): where the pads go is calibrated once per package at open and cached
 //! ([`tail`]). [`check`] lists every contract violation of a package for `vlm check`;
 //! [`report`] adds what a board user needs to see for `vlm check --report`; [`probe`] runs a
@@ -90,7 +90,7 @@ pub struct BpuOptions {
     /// or in `VLM_BPU_LOCK` (each simulator instance is its own "board", and tests run many).
     pub lock_path: Option<PathBuf>,
     /// How a prompt tail of at least `prefill_min_tail` rows runs when the package sets
-    /// `prefill_pads` (contract §4.4, inferred, unconfirmed on a board): [`PrefillTail::Auto`]
+    /// `prefill_pads` (docs/package-contract.md §4.4, inferred, unconfirmed on a board): [`PrefillTail::Auto`]
     /// (default) calibrates the pad layout and marking ([`PadMarking`]) at open (cached per
     /// package) and steps when it cannot; `Stepped` is correct with every package;
     /// `PadsFirst` / `PadsLast` force a layout with the default marking. Shorter tails, and

@@ -1,6 +1,6 @@
 //! Running rows through the text graphs: one row through decode, `N` through prefill, or a
 //! short prompt tail padded to `N` with the pads in front of or after the real rows
-//! (contract §4.4, [`crate::tail`]). Each run writes its fixed inputs (the rows, M-RoPE
+//! (docs/package-contract.md §4.4, [`crate::tail`]). Each run writes its fixed inputs (the rows, M-RoPE
 //! cos/sin, the right-aligned window mask in every head plane), CLEANs them, reads the
 //! current cache set and writes the other, and INVALIDATEs the logits before the CPU reads
 //! them.
@@ -133,7 +133,7 @@ impl BpuBackend {
 
     /// Runs `positions.len()` rows through the decode graph (1 row) or the prefill graph
     /// (`N` rows, or fewer padded to `N` where and as `pad` says: pad rows are zero, with the
-    /// marking's rope and mask row, contract §4.4).
+    /// marking's rope and mask row, docs/package-contract.md §4.4).
     pub(crate) fn run_chunk(
         &mut self,
         rows: &[f32],
@@ -306,7 +306,7 @@ impl BpuBackend {
     }
 
     /// The decode mask for `P = consumed`: when the buffer holds the mask for `P - 1`, only
-    /// column `CL - P - 1` of each plane opens (contract §3.3); otherwise the whole mask is
+    /// column `CL - P - 1` of each plane opens (docs/package-contract.md §3.3); otherwise the whole mask is
     /// written.
     fn write_decode_mask(&mut self) -> Result<(), EngineError> {
         let p = self.consumed;
@@ -355,7 +355,7 @@ struct Unpad {
 /// After a padded chunk the graph has shifted every window-indexed K/V cache by `N`, so its
 /// pad rows sit among the real ones: at the window end with pads last (`[old | t new |
 /// pads]`), between the old and the new rows with pads first (`[old | pads | t new]`). The
-/// rows before the pads move right by their count and the front is zeroed (contract §4.4):
+/// rows before the pads move right by their count and the front is zeroed (docs/package-contract.md §4.4):
 /// `P` grows by the real rows only.
 fn unpad_windows(
     set: &mut [DeviceBuffer],

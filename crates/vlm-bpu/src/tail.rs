@@ -1,4 +1,4 @@
-//! The prompt tail (contract §4.4): rows left over after the whole prefill chunks are either
+//! The prompt tail (docs/package-contract.md §4.4): rows left over after the whole prefill chunks are either
 //! stepped through the decode graph one by one (correct with every package) or run as one
 //! chunk padded to `N` rows, when the package says its prefill graph takes pads
 //! (`"prefill_pads": true`) and the tail has at least `prefill_min_tail` rows.

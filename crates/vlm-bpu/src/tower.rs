@@ -47,7 +47,7 @@ fn last_two(s: &TensorSpec) -> Option<(usize, usize)> {
     (r >= 2 && s.shape[..r - 2].iter().all(|&d| d == 1)).then(|| (s.shape[r - 2], s.shape[r - 1]))
 }
 
-/// Checks the tower graph `g` against the contract (§6) and returns the image geometry its
+/// Checks the tower graph `g` against docs/package-contract.md (§6) and returns the image geometry its
 /// input fixes.
 pub(crate) fn check(cfg: &ModelConfig, g: &Graph, hidden: usize) -> Result<Geometry, String> {
     let name = g.name();

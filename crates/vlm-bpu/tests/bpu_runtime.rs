@@ -1,5 +1,5 @@
 //! BpuBackend over the simulator: the one-engine lock, the ION pool preflight, the march
-//! check, the padded prompt tail (contract §4.4) against stepping, and a simulator fault in
+//! check, the padded prompt tail (docs/package-contract.md §4.4) against stepping, and a simulator fault in
 //! the middle of an `Engine::generate` request.
 #![allow(clippy::unwrap_used)]
 

@@ -1,4 +1,4 @@
-//! The padded prompt tail both ways (contract §4.4, issue 14 item 2) over the simulator: sim
+//! The padded prompt tail both ways (docs/package-contract.md §4.4, issue 14 item 2) over the simulator: sim
 //! packages whose prefill graph was "compiled" for pads first or pads last, the calibration
 //! that finds out which at open (and its cache), the goldens through each padded layout,
 //! wrong numbers from the wrong layout, packages that cannot or need not be calibrated, and

@@ -1,6 +1,6 @@
 //! ChatML turns as token segments with image slots, M-RoPE positions, tools and tool calls.
 //!
-//! A turn is rendered the way bllm feeds it (contract §7): the first turn opens with the
+//! A turn is rendered the way bllm feeds it (docs/package-contract.md §7): the first turn opens with the
 //! system block, a later turn first closes the previous reply (`<|im_end|>\n`, because the
 //! eos that ended generation never entered the cache), then the user block with each image
 //! as `<|vision_start|>` + an image slot + `<|vision_end|>` before the text, then the

@@ -1,4 +1,4 @@
-//! Turn rendering against the template strings of the contract (§7) tokenised in one go,
+//! Turn rendering against the template strings of docs/package-contract.md (§7) tokenised in one go,
 //! the way HF tokenises `apply_chat_template` output.
 #![allow(clippy::unwrap_used)]
 

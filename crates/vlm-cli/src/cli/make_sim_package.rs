@@ -92,7 +92,7 @@ pub struct MakeSimPackageArgs {
     /// Logits tensor type of the text graphs.
     #[arg(long, value_enum, default_value = "f32")]
     pub logits: LogitsArg,
-    /// The prefill graph accepts a padded tail (inferred protocol, contract §4.4).
+    /// The prefill graph accepts a padded tail (inferred protocol, docs/package-contract.md §4.4).
     #[arg(long)]
     pub prefill_pads: bool,
     /// `prefill_min_tail` written with --prefill-pads.

@@ -1,4 +1,4 @@
-//! The seam between the runtime and compute, shaped like the package contract (§3–§5) so the
+//! The seam between the runtime and compute, shaped like docs/package-contract.md (§3–§5) so the
 //! BPU backend maps onto it 1:1: embedding rows in, logits of the last row out, a right-aligned
 //! window of `CL` slots with `P` (slots consumed) and `maxPos` (highest rope coordinate) kept
 //! by the backend, N-row prefill chunks and one-row steps, whole-state snapshots.

@@ -3,7 +3,7 @@
 //! turns a rendered [`crate::chat::Prompt`] into streamed [`crate::stream::Event`]s.
 //!
 //! One scheduler for every backend: rows go through [`Backend::step_interruptible`] in
-//! N-row prefill chunks with the tail stepped one row at a time (contract §4.3), positions
+//! N-row prefill chunks with the tail stepped one row at a time (docs/package-contract.md §4.3), positions
 //! follow the prompt's M-RoPE layout from the backend's `maxPos + 1`, and a turn that does
 //! not fit the window fails with [`EngineError::ContextOverflow`] before anything runs.
 //!

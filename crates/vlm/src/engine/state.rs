@@ -1,4 +1,4 @@
-//! Decode-state snapshots in the contract's format (§10.2): an int32 header
+//! Decode-state snapshots in the format of docs/package-contract.md §10.2: an int32 header
 //! `{magic "BLKJ", nCache, vocab, P, logitBytes, CL, maxPos}`, the nCache full cache sizes,
 //! then each cache — a window-indexed K/V cache only as its last `D = min(P, CL)` occupied
 //! rows, any other cache whole — then the raw decode-logits buffer. Little-endian (the host

@@ -1,4 +1,4 @@
-//! Token sampling with bllm's algorithm and defaults (contract §8), so that a request's
+//! Token sampling with bllm's algorithm and defaults (docs/package-contract.md §8), so that a request's
 //! settings — and the model card's recommended ones — mean what they mean there, and a
 //! given seed reproduces its generation.
 //!
