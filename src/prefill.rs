@@ -1,6 +1,6 @@
 //! Latest-frame pre-fill (`prefill_latest_frame`): while no ask is queued, the worker runs the
 //! newest frame of `prefill_camera` through the vision tower and prefills it after the system
-//! block ([`Assistant::prefill_image`]), so an ask about that camera prefills only its
+//! block ([`Assistant::prime_frame`]), so an ask about that camera prefills only its
 //! question.
 //!
 //! Which frame an ask gets ([`Prefiller::choose`], decided when its turn comes, before its
@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use camera_frame::{CachedFrame, CameraCache};
-use vlm::assistant::{Assistant, AssistantError, ImagePrefill, PrefillOutcome, Reply, Turn};
+use vlm::assistant::{Assistant, AssistantError, PrimedFrame, PrimingOutcome, Reply, Turn};
 use vlm::chat::SystemOptions;
 use vlm::engine::EngineError;
 use vlm::stream::Event;
@@ -74,7 +74,7 @@ pub struct PrefillStats {
 
 /// What an ask is served from.
 pub enum Chosen {
-    Completed(Arc<ImagePrefill>),
+    Completed(Arc<PrimedFrame>),
     /// The stopped pre-fill, continued by the ask.
     Resume,
 }
@@ -91,7 +91,7 @@ pub enum RunEnd {
 pub struct Prefiller {
     cfg: PrefillConfig,
     system: SystemOptions,
-    completed: Option<(CachedFrame, Arc<ImagePrefill>)>,
+    completed: Option<(CachedFrame, Arc<PrimedFrame>)>,
     /// The frame of a stopped pre-fill.
     stopped: Option<CachedFrame>,
     /// The last frame tried (completed, stopped or failed), so none is tried twice.
@@ -224,7 +224,7 @@ impl Prefiller {
         // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
         // an older one gives way to the newest frame.
         let worth = |f: &CachedFrame| {
-            f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_prefill(&self.system)
+            f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_priming(&self.system)
         };
         if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
             // Given up: its runs are rested before anything new starts.
@@ -257,7 +257,7 @@ impl Prefiller {
             .stopped
             .as_ref()
             .is_some_and(|s| s.seq == frame.seq && s.topic == frame.topic)
-            && assistant.can_resume_prefill(&system);
+            && assistant.can_resume_priming(&system);
         let image = if resume {
             None
         } else {
@@ -273,27 +273,27 @@ impl Prefiller {
         assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
         let t0 = Instant::now();
         let ran = contained(|| match &image {
-            Some(image) => assistant.prefill_image(&system, image, &mut interrupt),
-            None => assistant.resume_prefill(&mut interrupt),
+            Some(image) => assistant.prime_frame(&system, image, &mut interrupt),
+            None => assistant.resume_priming(&mut interrupt),
         });
         let end = Instant::now();
         assistant.set_priority(self.cfg.ask_priority);
         self.busy += end - t0;
         self.unrested += end - t0;
         match ran {
-            Ok(Ok(PrefillOutcome::Done(p))) => {
+            Ok(Ok(PrimingOutcome::Done(p))) => {
                 self.stats.done += 1;
                 self.stats.frame_arrival = Some(frame.arrival);
                 self.completed = Some((frame, Arc::new(p)));
                 self.settle(end);
                 RunEnd::Fine
             }
-            Ok(Ok(PrefillOutcome::Stopped)) => {
+            Ok(Ok(PrimingOutcome::Stopped)) => {
                 self.stats.stopped += 1;
                 // Tried again when the worker is idle next, from where it stopped, without a
                 // rest in between (its rest comes when it ends).
                 self.tried = None;
-                if assistant.can_resume_prefill(&self.system) {
+                if assistant.can_resume_priming(&self.system) {
                     self.stopped = Some(frame);
                 } else {
                     self.settle(end);
@@ -360,7 +360,7 @@ impl Prefiller {
             let worth = |f: &CachedFrame| f.age(now) < self.cfg.max_age / 2;
             if !self.stopped.as_ref().is_some_and(worth) {
                 self.settle(now);
-            } else if let Err(e) = assistant.park_prefill() {
+            } else if let Err(e) = assistant.stash_priming() {
                 tracing::warn!("the stopped pre-fill could not be kept: {e}");
                 self.settle(now);
             }
@@ -384,14 +384,14 @@ impl Prefiller {
             tools: plan.turn.tools.clone(),
         };
         if let Some((frame, p)) = self.completed.clone() {
-            if accepts(&frame) && assistant.prefill_fits(&p, &plan.turn) {
+            if accepts(&frame) && assistant.primed_frame_fits(&p, &plan.turn) {
                 self.hit(&frame, arrival);
                 plan.images = Images::Camera(frame);
                 return Some(Chosen::Completed(p));
             }
         }
         if let Some(frame) = &self.stopped {
-            if accepts(frame) && assistant.can_resume_prefill(&opts) {
+            if accepts(frame) && assistant.can_resume_priming(&opts) {
                 let frame = frame.clone();
                 self.hit(&frame, arrival);
                 plan.images = Images::Camera(frame);
@@ -428,20 +428,20 @@ impl Prefiller {
                 let frame = self.stopped.take()?;
                 // The ask finishes the pre-fill: what ran of it in the background is rested.
                 self.settle(Instant::now());
-                match assistant.resume_prefill(&mut stop) {
-                    Ok(PrefillOutcome::Done(p)) => {
+                match assistant.resume_priming(&mut stop) {
+                    Ok(PrimingOutcome::Done(p)) => {
                         self.stats.done += 1;
                         self.stats.frame_arrival = Some(frame.arrival);
                         let p = Arc::new(p);
                         self.completed = Some((frame, Arc::clone(&p)));
                         p
                     }
-                    Ok(PrefillOutcome::Stopped) => return None,
+                    Ok(PrimingOutcome::Stopped) => return None,
                     Err(e) => return Some(Err(e)),
                 }
             }
         };
-        Some(assistant.ask_prefilled(&p, turn, on_event))
+        Some(assistant.ask_primed(&p, turn, on_event))
     }
 }
 

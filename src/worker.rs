@@ -405,7 +405,7 @@ fn recover(
 ) -> Result<Assistant, String> {
     let reset = contained(|| {
         test_hooks::point(Site::Reset);
-        assistant.engine_mut().backend_mut().reset()
+        assistant.reset_state()
     });
     match reset {
         Ok(Ok(())) => {

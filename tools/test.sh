@@ -2,7 +2,8 @@
 # The test command (README, .ci/run):  bash tools/test.sh
 #
 # Phases, each timed against a budget (a cold CI run on 2 cores; over budget warns, never
-# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> the board's Python 3.10 checked
+# fails): ROS 2 bootstrap (idempotent) -> cargo fmt --check -> the shape limits
+# (tools/limits.py: file and function lengths, files in src/, README length) -> the board's Python 3.10 checked
 # statically (tools/py-compat.sh, vermin) -> cargo clippy -D warnings -> one
 # `cargo test --workspace` -> flush-whole: the BPU scenario and state tests again against a
 # simulated library that flushes only whole allocations -> aarch64: check of every non-ROS
@@ -36,7 +37,7 @@ wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 # does"), about 1.3x the measured time. Over budget prints a warning: the whole command must
 # stay under 45 minutes (TOTAL_BUDGET), and a phase that grows is where to look first.
 declare -A BUDGET=(
-  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [py-compat]=60 [clippy]=450 [test]=920 [flush-whole]=30 [aarch64]=440
+  [bootstrap]=150 [rust-tools]=60 [fmt]=30 [limits]=15 [py-compat]=60 [clippy]=450 [test]=920 [flush-whole]=30 [aarch64]=440
   [acceptance]=560 [colcon]=780
 )
 TOTAL_BUDGET=2700
@@ -103,7 +104,7 @@ run_tests() {
 # losing a CPU write. The test binaries are those the test phase built: same `--workspace`
 # (cargo unifies features over the packages of an invocation; another list would rebuild the
 # shared dependencies), nothing compiles here.
-FLUSH_WHOLE_TESTS=(--test bpu_sim --test kept_state --test image_prefill --test prefill_tail)
+FLUSH_WHOLE_TESTS=(--test bpu_sim --test held_state --test frame_priming --test prefill_tail)
 flush_whole_phase() {
   BPU_SIM_FLUSH=whole cargo test --workspace "${FLUSH_WHOLE_TESTS[@]}"
 }
@@ -256,6 +257,7 @@ if wanted bootstrap || [ -f .ros2/setup.bash ]; then
 fi
 phase rust-tools ensure_rust_components
 phase fmt cargo fmt --all --check
+phase limits python3 tools/limits.py
 phase py-compat bash tools/py-compat.sh
 phase clippy cargo clippy --workspace --all-targets -- -D warnings
 wanted test && rm -f "$TEST_LOG"

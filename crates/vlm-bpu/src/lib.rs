@@ -34,7 +34,7 @@ pub mod contract;
 mod embed;
 mod error;
 pub mod flush;
-mod kept;
+mod held;
 pub mod lock;
 mod logits;
 mod open;
@@ -57,7 +57,7 @@ use bpu_sim::Implementation;
 use hbdnn::{DeviceBuffer, PackedModel, Sched};
 
 use vlm::chat::Pos3;
-use vlm::engine::{Backend, BackendInfo, EngineError, StateBlob, StateShape};
+use vlm::engine::{Backend, BackendInfo, Device, EngineError, StateBlob, StateShape};
 use vlm::interrupt::Interrupt;
 use vlm::package::ModelConfig;
 use vlm::vision::PixelValues;
@@ -173,12 +173,12 @@ pub struct BpuBackend {
     current: usize,
     /// Per set: how many window rows (right-aligned) may be non-zero in it.
     held: Vec<usize>,
-    /// A state kept in its set ([`Backend::keep`]).
-    kept: Option<kept::Kept>,
-    /// A state parked in its set until the set is needed ([`Backend::park`]).
-    parked: Option<kept::Parked>,
-    /// The memory of the last parked state's host copy, for the next one.
-    park_spare: Option<StateBlob>,
+    /// A state pinned in its set ([`Device::pin`]).
+    pinned: Option<held::Pinned>,
+    /// A state stashed in its set until the set is needed ([`Device::stash`]).
+    stashed: Option<held::Stashed>,
+    /// The memory of the last stashed state's host copy, for the next one.
+    stash_spare: Option<StateBlob>,
     consumed: usize,
     max_pos: Option<u32>,
     /// Raw decode-logits buffer image (§10.2): the decode output, or a prefill's last row
@@ -222,9 +222,9 @@ impl BpuBackend {
         self.implementation
     }
 
-    /// Whether a parked state ([`Backend::park`]) is still in its cache set (not copied out).
-    pub fn parked_on_device(&self) -> bool {
-        self.parked.as_ref().and_then(kept::Parked::set).is_some()
+    /// Whether a stashed state ([`Device::stash`]) is still in its cache set (not copied out).
+    pub fn stash_on_device(&self) -> bool {
+        self.stashed.as_ref().and_then(held::Stashed::set).is_some()
     }
 
     /// Total wall time spent inside text-graph runs since open: everything else a step costs
@@ -235,7 +235,7 @@ impl BpuBackend {
 
     /// Sets the BPU task priority (0 lowest ..= 255).
     pub fn set_priority(&mut self, priority: u8) {
-        <Self as Backend>::set_priority(self, priority);
+        <Self as Device>::set_priority(self, priority);
     }
 
     /// How prompt tails run (stepped or padded, which layout) and how that was decided.
@@ -374,28 +374,34 @@ impl Backend for BpuBackend {
         self.save_state(Some(spare))
     }
 
-    fn keep(&mut self) -> Option<u64> {
-        self.keep_current()
-    }
-
-    fn resume_kept(&mut self, id: u64) -> bool {
-        self.resume(id)
-    }
-
-    fn park(&mut self) -> Option<u64> {
-        self.park_current()
-    }
-
-    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
-        BpuBackend::unpark(self, id)
-    }
-
-    fn release_parked(&mut self) {
-        BpuBackend::release_parked(self)
-    }
-
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         self.load_state(blob)
+    }
+
+    fn device(&mut self) -> Option<&mut dyn Device> {
+        Some(self)
+    }
+}
+
+impl Device for BpuBackend {
+    fn pin(&mut self) -> Option<u64> {
+        self.pin_current()
+    }
+
+    fn switch_to_pinned(&mut self, id: u64) -> bool {
+        self.resume_pinned(id)
+    }
+
+    fn stash(&mut self) -> Option<u64> {
+        self.stash_current()
+    }
+
+    fn take_stash(&mut self, id: u64) -> Result<bool, EngineError> {
+        self.unstash(id)
+    }
+
+    fn drop_stash(&mut self) {
+        self.forget_stash()
     }
 
     fn set_priority(&mut self, priority: u8) {

@@ -12,7 +12,7 @@ use vlm::engine::{CacheLayout, EngineError, StateBlob, StateShape};
 use crate::contract::{self, DecodeShape, FIXED_IN};
 use crate::error::device;
 use crate::logits::LogitsAt;
-use crate::{kept, BpuBackend, BpuError};
+use crate::{held, BpuBackend, BpuError};
 
 /// One cache set: a buffer per cache input of the decode graph, of `bytes[c]` bytes
 /// ([`contract::cache_buffer_bytes`]).
@@ -73,11 +73,11 @@ pub(crate) fn pair(
 }
 
 impl BpuBackend {
-    /// Whether set `i` holds a state that must not be written: the kept one, or a parked
+    /// Whether set `i` holds a state that must not be written: the pinned one, or a stashed
     /// one not moved to the host yet.
     pub(crate) fn protected(&self, i: usize) -> bool {
-        self.kept.as_ref().map(kept::Kept::set) == Some(i)
-            || self.parked.as_ref().and_then(kept::Parked::set) == Some(i)
+        self.pinned.as_ref().map(held::Pinned::set) == Some(i)
+            || self.stashed.as_ref().and_then(held::Stashed::set) == Some(i)
     }
 
     /// The set a run (or a restore away from a protected set) writes: neither the current
@@ -85,19 +85,19 @@ impl BpuBackend {
     pub(crate) fn out_set(&self) -> usize {
         (0..self.sets.len())
             .find(|&i| i != self.current && !self.protected(i))
-            // Unreachable after `free_a_set` (a state is kept or parked only with a third set).
+            // Unreachable after `free_a_set` (a state is pinned or stashed only with a third set).
             .unwrap_or((self.current + 1) % self.sets.len())
     }
 
-    /// Makes a set other than the current one writable: a parked state in the way moves to
-    /// the host now (its copy is taken when a run needs its set, not when it is parked).
+    /// Makes a set other than the current one writable: a stashed state in the way moves
+    /// to the host now (its copy is taken when a run needs its set, not when it is stashed).
     pub(crate) fn free_a_set(&mut self) -> Result<(), EngineError> {
         let free = (0..self.sets.len()).any(|i| i != self.current && !self.protected(i));
         if !free {
             // Only background work is at stake: the run or restore that needs the set goes on.
-            if let Err(e) = self.move_parked_to_host() {
-                tracing::warn!("the parked state could not be moved to the host ({e}): dropped");
-                self.release_parked();
+            if let Err(e) = self.move_stash_to_host() {
+                tracing::warn!("the stashed state could not be moved to the host ({e}): dropped");
+                self.forget_stash();
             }
         }
         Ok(())
@@ -213,7 +213,7 @@ impl BpuBackend {
                 ),
             });
         }
-        // A kept or parked state's set is never written: the restore goes into another one.
+        // A pinned or stashed state's set is never written: the restore goes into another one.
         let target = if self.protected(self.current) {
             self.free_a_set()?;
             self.out_set()

@@ -19,7 +19,7 @@ use vlm_testkit as common;
 
 use common::{
     argmax, assert_matches_reference, continue_greedy, feed_text, golden_case, greedy_case,
-    sim_package, BackendFactory, CpuFactory, SimPackages, Spec, GOLDEN_STEPS, LOGIT_TOL,
+    sim_package, BackendFactory, BackendSpec, CpuFactory, SimPackages, GOLDEN_STEPS, LOGIT_TOL,
 };
 
 /// `BpuBackend` with default options on a sim package of each spec.
@@ -31,7 +31,7 @@ struct SimFactory {
 impl BackendFactory for SimFactory {
     type Backend = BpuBackend;
 
-    fn open(&self, spec: Spec) -> BpuBackend {
+    fn open(&self, spec: BackendSpec) -> BpuBackend {
         BpuBackend::open(&self.packages.dir(spec), &BpuOptions::default()).unwrap()
     }
 }
@@ -53,7 +53,7 @@ impl WholeFlushFactory {
 impl BackendFactory for WholeFlushFactory {
     type Backend = BpuBackend;
 
-    fn open(&self, spec: Spec) -> BpuBackend {
+    fn open(&self, spec: BackendSpec) -> BpuBackend {
         let b = self.0.open(spec);
         let whole = FlushDecision {
             found: FlushMode::Whole,
@@ -72,7 +72,7 @@ fn whole_allocation_flushes_reproduce_the_goldens() {
     let f = WholeFlushFactory::new();
     common::scenarios::golden_cases_match_the_cpu_reference(&f);
     common::scenarios::snapshot_restore_continue_equals_an_uninterrupted_run(&f);
-    let dir = f.0.packages.dir(Spec::new("tiny-sym", 512, 32));
+    let dir = f.0.packages.dir(BackendSpec::new("tiny-sym", 512, 32));
     let r = package_report(&dir, &BpuOptions::default());
     assert_eq!(r.flush.as_deref(), Some("whole"), "{:?}", r.violations);
     assert!(r.violations.is_empty(), "{:?}", r.violations);
@@ -86,7 +86,7 @@ fn whole_allocation_flushes_reproduce_the_goldens() {
 fn the_flush_option_against_each_library() {
     let f = SimFactory::default();
     f.packages.sim().set_flush(FlushPolicy::Range);
-    let dir = f.packages.dir(Spec::new("tiny-sym", 512, 32));
+    let dir = f.packages.dir(BackendSpec::new("tiny-sym", 512, 32));
     let with = |flush| BpuOptions {
         flush,
         ..BpuOptions::default()
@@ -150,7 +150,7 @@ fn variants_match_the_cpu_backend() {
         (d, Engine::new(b, common::tokenizer()))
     };
     // The default package runs on the simulator with 32-row chunks.
-    let b = f.open(Spec::new("tiny-sym", 512, 32));
+    let b = f.open(BackendSpec::new("tiny-sym", 512, 32));
     assert_eq!(b.info().prefill_chunk, 32);
     assert_eq!(b.implementation(), bpu_sim::Implementation::Sim);
     // One mask plane, prefill graph inside model.hbm with all-row logits.
@@ -180,7 +180,7 @@ fn variants_match_the_cpu_backend() {
 #[test]
 fn a_simulator_fault_fails_the_request_and_the_next_succeeds() {
     let f = SimFactory::default();
-    let spec = Spec::new("tiny-sym", 512, 32);
+    let spec = BackendSpec::new("tiny-sym", 512, 32);
     // The injected timeout waits out the limit: keep it short.
     let opts = BpuOptions {
         timeout: Duration::from_millis(200),
@@ -233,7 +233,7 @@ fn a_simulator_fault_fails_the_request_and_the_next_succeeds() {
 #[test]
 fn open_failures_name_the_file() {
     let f = SimFactory::default();
-    let d = f.packages.dir(Spec::new("tiny-sym", 512, 32));
+    let d = f.packages.dir(BackendSpec::new("tiny-sym", 512, 32));
     // An explicit board choice contradicts the sim containers.
     let e = BpuBackend::open(
         &d,

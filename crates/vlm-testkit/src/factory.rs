@@ -1,5 +1,5 @@
 //! What a backend suite runs on: a [`BackendFactory`] builds a fresh backend of a fixture
-//! model for a [`Spec`] (window, prefill chunk, mask planes). The CPU factory is here; the
+//! model for a [`BackendSpec`] (window, prefill chunk, mask planes). The CPU factory is here; the
 //! BPU-over-the-simulator one is a few lines over [`SimPackages`] in `vlm-bpu`'s tests, and a
 //! board factory supplies backends from packages compiled for the board the same way.
 
@@ -26,7 +26,7 @@ pub enum Mask {
 
 /// The backend a scenario asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Spec {
+pub struct BackendSpec {
     /// Fixture model (`tiny-sym`, `tiny-4b`, `tiny-untied`).
     pub model: &'static str,
     /// Window capacity CL in rows.
@@ -36,7 +36,7 @@ pub struct Spec {
     pub mask: Mask,
 }
 
-impl Spec {
+impl BackendSpec {
     /// `model` with a `context`-row window and `chunk`-row prefill, one mask plane per head.
     pub fn new(model: &'static str, context: usize, chunk: usize) -> Self {
         Self {
@@ -59,7 +59,7 @@ pub trait BackendFactory {
 
     /// A fresh backend (empty state) of fixture model `spec.model` with `spec`'s window,
     /// prefill chunk and mask planes; panics (a test failure) when it cannot build one.
-    fn open(&self, spec: Spec) -> Self::Backend;
+    fn open(&self, spec: BackendSpec) -> Self::Backend;
 
     /// Named tolerance of this backend's f32 logits against the goldens and between its own
     /// schedules.
@@ -68,7 +68,7 @@ pub trait BackendFactory {
     }
 
     /// [`BackendFactory::open`] behind an engine with the fixture tokenizer.
-    fn engine(&self, spec: Spec) -> Engine<Self::Backend> {
+    fn engine(&self, spec: BackendSpec) -> Engine<Self::Backend> {
         Engine::new(self.open(spec), tokenizer())
     }
 }
@@ -83,14 +83,14 @@ impl CpuFactory {
     /// The CPU reference other backends are checked against: fixture model `model`, a
     /// 512-row window, every row stepped, one mask plane.
     pub fn reference(model: &'static str) -> Engine<CpuBackend> {
-        Self::default().engine(Spec::new(model, 512, 0).mask(Mask::One))
+        Self::default().engine(BackendSpec::new(model, 512, 0).mask(Mask::One))
     }
 }
 
 impl BackendFactory for CpuFactory {
     type Backend = CpuBackend;
 
-    fn open(&self, spec: Spec) -> CpuBackend {
+    fn open(&self, spec: BackendSpec) -> CpuBackend {
         let model = self
             .models
             .borrow_mut()
@@ -111,13 +111,13 @@ impl BackendFactory for CpuFactory {
     }
 }
 
-/// Sim packages of the fixture models, one per [`Spec`], written on first use into temporary
+/// Sim packages of the fixture models, one per [`BackendSpec`], written on first use into temporary
 /// directories that live as long as this value; a fresh simulator is installed on the
 /// creating thread (no faults, no pool limit, whatever the environment says; only the flush
 /// policy follows `BPU_SIM_FLUSH`, so the suites rerun against a whole-flush library).
 pub struct SimPackages {
     sim: Sim,
-    dirs: RefCell<HashMap<Spec, tempfile::TempDir>>,
+    dirs: RefCell<HashMap<BackendSpec, tempfile::TempDir>>,
 }
 
 impl Default for SimPackages {
@@ -138,7 +138,7 @@ impl SimPackages {
     }
 
     /// The package directory of `spec`, written on first use.
-    pub fn dir(&self, spec: Spec) -> PathBuf {
+    pub fn dir(&self, spec: BackendSpec) -> PathBuf {
         let mut dirs = self.dirs.borrow_mut();
         let dir = dirs.entry(spec).or_insert_with(|| {
             let d = tempfile::tempdir().unwrap();

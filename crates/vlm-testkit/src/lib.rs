@@ -18,7 +18,7 @@ use tokenizers::Tokenizer;
 use vlm::engine::ImageInput;
 use vlm::vision::RgbImage;
 
-pub use factory::{BackendFactory, CpuFactory, Mask, SimPackages, Spec};
+pub use factory::{BackendFactory, BackendSpec, CpuFactory, Mask, SimPackages};
 pub use run::{
     assert_logits_close, assert_matches_reference, case_prompt, continue_greedy, decode_greedy,
     feed_text, generate_greedy, greedy, greedy_case, text_then_greedy, try_generate_text, Teacher,

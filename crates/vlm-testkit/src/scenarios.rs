@@ -19,7 +19,7 @@ use crate::{
     argmax, assert_logits_close, assert_matches_reference, case_prompt, continue_greedy,
     decode_greedy, feed_text, fixtures, generate_greedy, golden_case, golden_cases,
     golden_step_logits, greedy, greedy_case, image_input, max_abs_diff, try_generate_text,
-    BackendFactory, CpuFactory, Mask, Spec, GOLDEN_STEPS, MODELS,
+    BackendFactory, BackendSpec, CpuFactory, Mask, GOLDEN_STEPS, MODELS,
 };
 
 /// Merged grid side of the 320 px bucket (patch 16, merge 2).
@@ -70,7 +70,7 @@ pub fn greedy_tokens_and_step_logits_match_goldens_for_every_schedule<F: Backend
             let want_logits = golden_step_logits(model, &case);
             let mut per_schedule = Vec::new();
             for (chunk, mask) in [(32, Mask::One), (16, Mask::PerHead), (0, Mask::One)] {
-                let mut e = f.engine(Spec::new(model, 512, chunk).mask(mask));
+                let mut e = f.engine(BackendSpec::new(model, 512, chunk).mask(mask));
                 let (prompt, images) = case_prompt(&e, &case);
                 let cfg = StreamConfig::new(vec![], want_tokens.len());
                 let g = generate_greedy(&mut e, &prompt, &images, cfg);
@@ -98,7 +98,7 @@ pub fn greedy_tokens_and_step_logits_match_goldens_for_every_schedule<F: Backend
 /// An image changes the answer (vs no image, vs another image); the text after a 10×10 image
 /// resumes at the grid side, not the row count; a slot without its image is refused.
 pub fn images_change_the_answer_and_positions_advance_by_the_grid_side<F: BackendFactory>(f: &F) {
-    let spec = Spec::new("tiny-4b", 512, 32).mask(Mask::One);
+    let spec = BackendSpec::new("tiny-4b", 512, 32).mask(Mask::One);
     let case = golden_case("tiny-4b", "image_one");
     let mut e = f.engine(spec);
     let (prompt, images) = case_prompt(&e, &case);
@@ -155,7 +155,7 @@ pub fn images_change_the_answer_and_positions_advance_by_the_grid_side<F: Backen
 /// empties the state.
 pub fn snapshot_restore_continue_equals_an_uninterrupted_run<F: BackendFactory>(f: &F) {
     let case = golden_case("tiny-4b", "image_one");
-    let spec = |context, chunk| Spec::new("tiny-4b", context, chunk).mask(Mask::One);
+    let spec = |context, chunk| BackendSpec::new("tiny-4b", context, chunk).mask(Mask::One);
     let mut a = f.engine(spec(256, 32));
     let (prompt, images) = case_prompt(&a, &case);
     assert!(a.prefill(&prompt, &images, &mut || false).unwrap());
@@ -231,7 +231,7 @@ pub fn snapshot_restore_continue_equals_an_uninterrupted_run<F: BackendFactory>(
 /// A state parked after a prompt, then restored over other work (shorter or longer),
 /// continues exactly as the uninterrupted run; a blob from another window size is refused.
 pub fn a_parked_state_restored_after_other_work_continues_unchanged<F: BackendFactory>(f: &F) {
-    let mut b = f.open(Spec::new("tiny-sym", 64, 32));
+    let mut b = f.open(BackendSpec::new("tiny-sym", 64, 32));
     let k = golden_case("tiny-sym", "text_32");
     feed_text(&mut b, &k.ids);
     let blob = b.snapshot().unwrap();
@@ -260,7 +260,7 @@ pub fn a_parked_state_restored_after_other_work_continues_unchanged<F: BackendFa
     assert_eq!(continue_greedy(&mut b, 12), short_straight);
     assert_eq!(b.snapshot().unwrap(), short_after);
     // A blob from another window size is refused.
-    let mut other = f.open(Spec::new("tiny-sym", 48, 32));
+    let mut other = f.open(BackendSpec::new("tiny-sym", 48, 32));
     assert!(matches!(
         other.restore(&blob),
         Err(EngineError::State { .. })
@@ -271,7 +271,7 @@ pub fn a_parked_state_restored_after_other_work_continues_unchanged<F: BackendFa
 /// reply that reaches the window end finishes with `length`, and one more row is refused.
 pub fn context_overflow_is_a_typed_error_and_the_window_end_is_length<F: BackendFactory>(f: &F) {
     let case = golden_case("tiny-4b", "text_32");
-    let mut e = f.engine(Spec::new("tiny-4b", 16, 0).mask(Mask::One));
+    let mut e = f.engine(BackendSpec::new("tiny-4b", 16, 0).mask(Mask::One));
     let (prompt, _) = case_prompt(&e, &case);
     let err = try_generate_text(&mut e, &prompt, StreamConfig::new(vec![], 16)).unwrap_err();
     assert!(
@@ -287,7 +287,7 @@ pub fn context_overflow_is_a_typed_error_and_the_window_end_is_length<F: Backend
     assert_eq!(e.backend().consumed(), 0, "nothing may be fed on overflow");
 
     // 32 prompt rows in a 40-slot window: 8 tokens fit back in, the 9th ends the reply
-    let mut e = f.engine(Spec::new("tiny-4b", 40, 32).mask(Mask::One));
+    let mut e = f.engine(BackendSpec::new("tiny-4b", 40, 32).mask(Mask::One));
     let g = generate_greedy(&mut e, &prompt, &[], StreamConfig::new(vec![], 16));
     assert_eq!(g.completion.finish_reason, FinishReason::Length);
     assert_eq!(g.completion.tokens, case.greedy[..9].to_vec());
@@ -306,7 +306,7 @@ pub fn context_overflow_is_a_typed_error_and_the_window_end_is_length<F: Backend
 /// Rows past the window are refused by a chunked step before anything runs, and by a graph
 /// run on a full window.
 pub fn context_overflow_is_refused_by_chunked_steps_and_by_run_rows<F: BackendFactory>(f: &F) {
-    let mut b = f.open(Spec::new("tiny-sym", 16, 4));
+    let mut b = f.open(BackendSpec::new("tiny-sym", 16, 4));
     assert_eq!(b.info().context, 16);
     let h = b.info().hidden;
     let ids: Vec<u32> = (0..17).collect();
@@ -331,7 +331,7 @@ pub fn context_overflow_is_refused_by_chunked_steps_and_by_run_rows<F: BackendFa
 /// Cancel from the event callback, cancel before the prefill, a past deadline and a stop
 /// token each end the reply with their reason, and the engine stays usable.
 pub fn cancel_and_deadline_stop_generation<F: BackendFactory>(f: &F) {
-    let spec = Spec::new("tiny-4b", 64, 0).mask(Mask::One);
+    let spec = BackendSpec::new("tiny-4b", 64, 0).mask(Mask::One);
     let case = golden_case("tiny-4b", "text_short");
     let want = &case.greedy;
 
@@ -398,7 +398,7 @@ pub fn cancel_and_deadline_stop_generation<F: BackendFactory>(f: &F) {
 /// image) give the CPU reference's logits at the prompt and every step, and the goldens'
 /// tokens.
 pub fn golden_cases_match_the_cpu_reference<F: BackendFactory>(f: &F) {
-    let mut b = f.engine(Spec::new("tiny-sym", 512, 32));
+    let mut b = f.engine(BackendSpec::new("tiny-sym", 512, 32));
     assert_eq!(b.backend().info().prefill_chunk, 32);
     let mut c = CpuFactory::reference("tiny-sym");
     for name in ["text_short", "text_32", "text_long", "image_one"] {
@@ -413,8 +413,8 @@ pub fn golden_cases_match_the_cpu_reference<F: BackendFactory>(f: &F) {
 /// "stepping only" give the same logits at every step.
 pub fn prefill_and_stepping_agree_over_a_teacher_forced_continuation<F: BackendFactory>(f: &F) {
     let tol = f.logit_tol();
-    let mut p = f.open(Spec::new("tiny-sym", 512, 32));
-    let mut s = f.open(Spec::new("tiny-sym", 512, 0));
+    let mut p = f.open(BackendSpec::new("tiny-sym", 512, 32));
+    let mut s = f.open(BackendSpec::new("tiny-sym", 512, 0));
     assert_eq!((p.info().prefill_chunk, s.info().prefill_chunk), (32, 0));
     let k = golden_case("tiny-sym", "text_long");
     let cont: Vec<u32> = (0..48).map(|i| (i * 37 + 11) % 600).collect();

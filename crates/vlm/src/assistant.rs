@@ -4,38 +4,38 @@
 //! It owns what both front ends would otherwise repeat: the backend (opened by
 //! `vlm_bpu::open_assistant`, or [`Assistant::open_hf`] for the CPU) with its tokenizer,
 //! the chat template, the system prefix prefilled once and restored per fresh conversation,
-//! parked conversations as decode-state snapshots (taken only for a turn that asks,
-//! [`Turn::keep`]), the mapping of a turn's settings onto the sampler and the stream, and the
-//! interruptible warm-up ([`Assistant::warm_up`]). It must not know about ROS, threads or
+//! saved conversations as decode-state snapshots (taken only for a turn that asks,
+//! [`Turn::keep`]), the frame priming ([`Assistant::prime_frame`]), the mapping of a turn's settings onto the sampler and the stream, and the
+//! interruptible warm-up ([`Assistant::warm_up`]). Where each decode state lives is
+//! [`crate::residency::DecodeStates`]'s to decide. It must not know about ROS, threads or
 //! async: the caller owns the one thread that drives an [`Assistant`] (BPU handles are not
 //! `Send`).
 #![forbid(unsafe_code)]
 
 mod frames;
-mod prefill;
-mod prefix_cache;
+mod priming;
+mod system_prefix;
+mod turn;
 mod warm_up;
 
 pub use frames::ImageKey;
-pub use prefill::{ImagePrefill, PrefillOutcome};
+pub use priming::{PrimedFrame, PrimingOutcome};
+pub use turn::{Conversation, Reply, Turn};
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ChatError, ChatTemplate, ImageSlot, SystemOptions, UserTurn};
-use crate::engine::{
-    Backend, ConstraintOutcome, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError,
-    ImageInput, StateBlob,
-};
+use crate::engine::{Backend, CpuBackend, CpuOptions, DecodeOptions, Engine, EngineError};
 use crate::package::{ChatConfig, ChatFormat, Dialect};
-use crate::sampler::{Sampler, SamplingParams};
+use crate::residency::DecodeStates;
+use crate::sampler::Sampler;
 use crate::stream::{Completion, Event, FinishReason, StreamConfig};
-use crate::structured::{JsonSchema, JsonSchemas, SchemaError};
+use crate::structured::{JsonSchemas, SchemaError};
 
 /// Errors of opening a model or answering a turn.
 #[derive(Debug, thiserror::Error)]
@@ -131,148 +131,6 @@ pub struct ModelInfo {
     pub system: String,
 }
 
-/// One user turn with its generation settings.
-#[derive(Debug, Clone)]
-pub struct Turn {
-    pub text: String,
-    /// Images of the turn, in order (each becomes one image block before the text).
-    pub images: Vec<ImageInput>,
-    /// `image_keys[i]` names `images[i]` (missing or `None`: no identity, always added). An
-    /// image whose key the continued conversation already holds is not added again: the turn
-    /// adds only its text and the answer refers to the earlier image block (`frames.rs`).
-    pub image_keys: Vec<Option<ImageKey>>,
-    pub thinking: bool,
-    /// System prompt of a fresh conversation; `None` = the model's own. Ignored when
-    /// continuing a conversation (its system block is already in the state).
-    pub system: Option<String>,
-    /// OpenAI-style tool list, rendered into the system block of a fresh conversation.
-    pub tools: Vec<Value>,
-    pub sampling: SamplingParams,
-    pub max_new_tokens: usize,
-    pub stop: Vec<String>,
-    /// Stop at the model's eos ids.
-    pub use_default_stop: bool,
-    pub deadline: Option<Instant>,
-    pub cancel: Option<Arc<AtomicBool>>,
-    /// TTFT is measured from here (the request's arrival).
-    pub started: Instant,
-    /// Park the finished conversation ([`Reply::conversation`]) so a later turn can continue
-    /// it. A snapshot copies the whole decode state out of device memory (an INVALIDATE of
-    /// every cache buffer, tens of MB on the 4B), so only a turn that may be continued asks.
-    pub keep: bool,
-    /// Structured output: the answer is a JSON value valid under this schema, compiled by
-    /// [`Assistant::json_schemas`] — a front end compiles it before queueing, so a bad schema
-    /// is refused at once. Tools and stop strings cannot go with it
-    /// ([`Turn::check_json_schema`]). The front end also decides, per request: thinking off
-    /// unless the request turns it on (then the think block is free and the constraint starts
-    /// at the answer's first token), and the repetition / frequency / presence penalties off
-    /// unless the request sets them (JSON repeats its punctuation). [`Reply::constraint`]
-    /// says whether the value was completed.
-    pub json_schema: Option<Arc<JsonSchema>>,
-}
-
-impl Turn {
-    /// A text turn with greedy decoding and the model's defaults.
-    pub fn new(text: impl Into<String>, max_new_tokens: usize) -> Self {
-        Self {
-            text: text.into(),
-            images: Vec::new(),
-            image_keys: Vec::new(),
-            thinking: false,
-            system: None,
-            tools: Vec::new(),
-            sampling: SamplingParams::default(),
-            max_new_tokens,
-            stop: Vec::new(),
-            use_default_stop: true,
-            deadline: None,
-            cancel: None,
-            started: Instant::now(),
-            keep: false,
-            json_schema: None,
-        }
-    }
-
-    /// What cannot go with a JSON schema in one turn: tools (Qwen3.5's tool calls are XML,
-    /// not JSON) and stop strings (they could cut the value). `Ok` without a schema.
-    pub fn check_json_schema(&self) -> Result<(), SchemaError> {
-        if self.json_schema.is_none() {
-            return Ok(());
-        }
-        if !self.tools.is_empty() {
-            return Err(SchemaError::Conflict("tools"));
-        }
-        if !self.stop.is_empty() {
-            return Err(SchemaError::Conflict("stop strings"));
-        }
-        Ok(())
-    }
-}
-
-/// A conversation parked between turns: the whole decode state after its last answer.
-#[derive(Debug, Clone)]
-pub struct Conversation {
-    id: u64,
-    state: StateBlob,
-    turns: usize,
-    /// Keys of the images prefilled in `state`, in the order they were added.
-    images: Vec<ImageKey>,
-}
-
-impl Conversation {
-    /// Bytes held by the snapshot.
-    pub fn size_bytes(&self) -> usize {
-        self.state.size_bytes()
-    }
-
-    /// Turns answered so far.
-    pub fn turns(&self) -> usize {
-        self.turns
-    }
-
-    /// Window slots the conversation occupies.
-    pub fn consumed(&self) -> Option<usize> {
-        self.state.consumed()
-    }
-
-    /// Keys of the images the conversation holds ([`Turn::image_keys`]).
-    pub fn images(&self) -> &[ImageKey] {
-        &self.images
-    }
-}
-
-/// The outcome of one turn.
-#[derive(Debug, Clone)]
-pub struct Reply {
-    pub completion: Completion,
-    /// The conversation including this turn; `None` when the turn was not kept
-    /// ([`Turn::keep`]) or did not finish (cancel, timeout), so a session continues from its
-    /// previous state.
-    pub conversation: Option<Conversation>,
-    /// Seed the sampler used (reproduce a sampled answer with it).
-    pub seed: u64,
-    /// With a [`Turn::json_schema`]: whether the answer is a complete value. `Incomplete`
-    /// (cut by `max_new_tokens` or the window end) is a failure with the partial text:
-    /// `finish_reason` `length`, error `incomplete`. `None` for free text.
-    pub constraint: Option<ConstraintOutcome>,
-}
-
-impl Reply {
-    /// A structured answer that ended before its value did ([`Reply::constraint`]).
-    pub fn is_incomplete(&self) -> bool {
-        self.constraint == Some(ConstraintOutcome::Incomplete)
-    }
-}
-
-/// What the backend's decode state currently holds, to skip needless restores.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Resident {
-    Unknown,
-    Conversation(u64),
-    /// The state of the stopped pre-fill with this id ([`Assistant::resume_prefill`]).
-    Prefill(u64),
-}
-
 static NEXT_CONVERSATION: AtomicU64 = AtomicU64::new(1);
 
 /// One model answering turns. Not `Send` with a BPU backend: keep it on one thread.
@@ -281,19 +139,11 @@ pub struct Assistant {
     template: ChatTemplate,
     eos: Vec<u32>,
     info: ModelInfo,
-    /// The system blocks prefilled (by their text) and the state right after each.
-    prefix: prefix_cache::PrefixCache,
-    /// A latest-frame pre-fill stopped between graph calls ([`Assistant::resume_prefill`]).
-    partial: Option<prefill::Partial>,
-    /// The memory of the last parked pre-fill state, for the next park (an ask waits for it).
-    spare_state: Option<StateBlob>,
-    /// The pre-fill whose state the backend keeps on the device ([`ImagePrefill`]).
-    kept_prefill: Option<u64>,
-    resident: Resident,
-    /// Decode-state snapshots taken (conversations kept and system prefixes cached).
-    snapshots: u64,
-    /// Decode states copied back ([`Assistant::restores`]).
-    restores: u64,
+    /// Where every decode state lives: the current one, cached system blocks, the primed
+    /// frame, a stopped priming.
+    states: DecodeStates,
+    /// A frame priming stopped between graph calls ([`Assistant::resume_priming`]).
+    priming: Option<priming::Partial>,
     /// Images sent through the vision tower by [`Assistant::ask`].
     images_encoded: u64,
     /// The model's JSON-schema compiler (token table built on first use).
@@ -402,13 +252,8 @@ impl Assistant {
             template,
             eos,
             info,
-            prefix: prefix_cache::PrefixCache::new(usize::MAX),
-            partial: None,
-            spare_state: None,
-            kept_prefill: None,
-            resident: Resident::Unknown,
-            snapshots: 0,
-            restores: 0,
+            states: DecodeStates::new(),
+            priming: None,
             images_encoded: 0,
             schemas,
         })
@@ -455,15 +300,19 @@ impl Assistant {
     /// system block prefilled (cached for the next fresh conversation). Each copies the whole
     /// state out of device memory, which is what makes an unneeded one costly.
     pub fn snapshots(&self) -> u64 {
-        self.snapshots
+        self.states.snapshots()
     }
 
     /// Decode states copied back into the device so far (a conversation, a cached system
-    /// block, a pre-filled frame, a parked pre-fill's snapshot); one the device kept or parked
-    /// ([`crate::engine::Backend::keep`], [`crate::engine::Backend::park`]) is not counted, even
-    /// when the backend had to move a parked one out and back.
+    /// block, a primed frame, a stopped priming's snapshot); one a device cache set held in
+    /// place ([`crate::engine::Device`]) is not counted.
     pub fn restores(&self) -> u64 {
-        self.restores
+        self.states.restores()
+    }
+
+    /// Where the decode states are, for logs and diagnostics.
+    pub fn residency(&self) -> crate::residency::Residency {
+        self.states.residency()
     }
 
     /// Images [`Assistant::ask`] sent through the vision tower (one tower run each); an image
@@ -478,10 +327,11 @@ impl Assistant {
         Arc::clone(&self.schemas)
     }
 
-    /// Direct engine access (tests, benchmarks). Invalidates the resident-state shortcut.
-    pub fn engine_mut(&mut self) -> &mut Engine<AnyBackend> {
-        self.resident = Resident::Unknown;
-        &mut self.engine
+    /// Empties the decode state: after a failure nothing about it can be trusted (saved
+    /// conversations, cached system blocks and a host-saved primed frame stay valid).
+    pub fn reset_state(&mut self) -> Result<(), EngineError> {
+        self.priming = None;
+        self.states.reset(&mut **self.engine.backend_mut())
     }
 
     /// Answers `turn`, continuing `conversation` when given (else a fresh one starting with
@@ -492,19 +342,7 @@ impl Assistant {
         turn: &Turn,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Reply, AssistantError> {
-        if turn.text.trim().is_empty() {
-            return Err(AssistantError::Turn("the prompt is empty".into()));
-        }
-        turn.check_json_schema()?;
-        if let Some(schema) = &turn.json_schema {
-            if schema.vocab() != self.info.vocab {
-                return Err(SchemaError::Vocabulary {
-                    schema: schema.vocab(),
-                    model: self.info.vocab,
-                }
-                .into());
-            }
-        }
+        self.check_turn(turn)?;
         let slot = match (turn.images.is_empty(), self.info.image_side) {
             (true, _) => None,
             (false, None) => return Err(AssistantError::Engine(EngineError::NoVision)),
@@ -528,11 +366,8 @@ impl Assistant {
         let mut prefix_rows = 0;
         let (prompt, turns, id) = match conversation {
             Some(c) => {
-                if self.resident != Resident::Conversation(c.id) {
-                    self.resident = Resident::Unknown;
-                    self.engine.backend_mut().restore(&c.state)?;
-                    self.restores += 1;
-                }
+                self.states
+                    .load_conversation(&mut **self.engine.backend_mut(), c.id, &c.state)?;
                 // A new id: it names a state, and the caller may continue `c` again later
                 // (a fork), which must restore `c`, not find this turn's state resident.
                 let id = NEXT_CONVERSATION.fetch_add(1, Ordering::Relaxed);
@@ -556,7 +391,7 @@ impl Assistant {
             }
         };
         // From here the backend's state is this turn's, whatever happens.
-        self.resident = Resident::Unknown;
+        self.states.touched();
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
@@ -583,34 +418,64 @@ impl Assistant {
             )?,
         };
         gen.completion.timings.prompt_tokens += prefix_rows;
-        let finished = matches!(
-            gen.completion.finish_reason,
-            FinishReason::Stop | FinishReason::Length
-        );
-        let conversation = if finished && turn.keep {
-            let state = self.engine.backend_mut().snapshot()?;
-            self.snapshots += 1;
-            tracing::debug!(
-                conversation = id,
-                bytes = state.size_bytes(),
-                "conversation snapshot"
-            );
-            self.resident = Resident::Conversation(id);
-            Some(Conversation {
-                id,
-                state,
-                turns: turns + 1,
-                images: new.held,
-            })
-        } else {
-            None
-        };
+        let conversation =
+            self.keep_conversation(&gen.completion, turn, id, turns + 1, new.held)?;
         Ok(Reply {
             completion: gen.completion,
             conversation,
             seed,
             constraint: gen.constraint,
         })
+    }
+
+    /// What [`Assistant::ask`] refuses before touching the state.
+    fn check_turn(&self, turn: &Turn) -> Result<(), AssistantError> {
+        if turn.text.trim().is_empty() {
+            return Err(AssistantError::Turn("the prompt is empty".into()));
+        }
+        turn.check_json_schema()?;
+        match &turn.json_schema {
+            Some(s) if s.vocab() != self.info.vocab => Err(SchemaError::Vocabulary {
+                schema: s.vocab(),
+                model: self.info.vocab,
+            }
+            .into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The conversation `id` after a finished turn that asks to be kept ([`Turn::keep`]),
+    /// saved from the current state; `None` otherwise (a cancelled or timed-out turn is not
+    /// continued from: its session goes on from its previous state).
+    fn keep_conversation(
+        &mut self,
+        completion: &Completion,
+        turn: &Turn,
+        id: u64,
+        turns: usize,
+        images: Vec<ImageKey>,
+    ) -> Result<Option<Conversation>, AssistantError> {
+        let finished = matches!(
+            completion.finish_reason,
+            FinishReason::Stop | FinishReason::Length
+        );
+        if !(finished && turn.keep) {
+            return Ok(None);
+        }
+        let state = self
+            .states
+            .save_conversation(&mut **self.engine.backend_mut(), id)?;
+        tracing::debug!(
+            conversation = id,
+            bytes = state.size_bytes(),
+            "conversation snapshot"
+        );
+        Ok(Some(Conversation {
+            id,
+            state,
+            turns,
+            images,
+        }))
     }
 
     fn slot(&self) -> Option<ImageSlot> {

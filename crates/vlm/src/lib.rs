@@ -5,8 +5,9 @@
 //! ([`vision`]), ChatML turn building with image slots, tools and M-RoPE positions
 //! ([`chat`]), the token sampler ([`sampler`]), the streaming detokeniser with stop
 //! handling and the `<think>` split ([`stream`]), the scheduler that feeds rows through a
-//! [`engine::Backend`] (with the CPU backend over `qwen35`) ([`engine`]), and conversations
-//! with their cached system prefix and parked states ([`assistant`]); [`interrupt`] stops
+//! [`engine::Backend`] (with the CPU backend over `qwen35`) ([`engine`]), where every decode
+//! state lives and moves ([`residency`]), and conversations with their cached system prefix
+//! and frame priming ([`assistant`]); [`interrupt`] stops
 //! opening and warm-up at the next graph-call boundary.
 //!
 //! `qwen35` is used for its shared arithmetic (patchify, M-RoPE positions) and by the CPU
@@ -20,6 +21,7 @@ pub mod chat;
 pub mod engine;
 pub mod interrupt;
 pub mod package;
+pub mod residency;
 pub mod sampler;
 pub mod stream;
 pub mod structured;

@@ -5,7 +5,9 @@
 #![allow(clippy::unwrap_used)]
 
 use vlm::engine::Backend;
-use vlm_testkit::{case_prompt, config, golden_case, BackendFactory, CpuFactory, Mask, Spec};
+use vlm_testkit::{
+    case_prompt, config, golden_case, BackendFactory, BackendSpec, CpuFactory, Mask,
+};
 
 vlm_testkit::backend_suite!(CpuFactory::default());
 
@@ -13,7 +15,7 @@ vlm_testkit::backend_suite!(CpuFactory::default());
 /// kv_heads·head_dim f32, K and V) + GDN state whole + logits.
 #[test]
 fn a_snapshot_after_the_prefill_has_the_cpu_layout_size() {
-    let mut e = CpuFactory::default().engine(Spec::new("tiny-4b", 256, 32).mask(Mask::One));
+    let mut e = CpuFactory::default().engine(BackendSpec::new("tiny-4b", 256, 32).mask(Mask::One));
     let (prompt, images) = case_prompt(&e, &golden_case("tiny-4b", "image_one"));
     assert!(e.prefill(&prompt, &images, &mut || false).unwrap());
     let blob = e.backend_mut().snapshot().unwrap();

@@ -5,7 +5,7 @@
 
 use std::time::Instant;
 
-use super::{Assistant, AssistantError, Resident};
+use super::{Assistant, AssistantError};
 use crate::chat::{Pos3, SystemOptions, UserTurn};
 use crate::engine::{Backend, EngineError, ImageInput};
 use crate::interrupt::Interrupt;
@@ -79,7 +79,7 @@ impl Assistant {
             images: slots,
             thinking: false,
         })?;
-        self.resident = Resident::Unknown;
+        self.states.touched();
         if !self.engine.prefill(&prompt, &images, &mut || b.stop())? {
             return Err(b.interrupted("tower and prompt rows"));
         }

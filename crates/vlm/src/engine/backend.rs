@@ -79,44 +79,15 @@ pub trait Backend {
         self.snapshot()
     }
 
-    /// Keeps the current state where it is (on the BPU, a spare cache set that no run
-    /// writes), so that [`Backend::resume_kept`] makes it current again without a copy, however
-    /// much runs or is restored meanwhile; replaces the state kept before. `None`: this
-    /// backend keeps none (a snapshot does the job).
-    fn keep(&mut self) -> Option<u64> {
-        None
-    }
-
-    /// Makes the state kept as `id` current again; `false` when it is not kept (anymore).
-    fn resume_kept(&mut self, id: u64) -> bool {
-        let _ = id;
-        false
-    }
-
-    /// Parks the current state on the device (on the BPU, in its cache set while no run or
-    /// restore needs that set: a copy to the host is made only then), replacing the one parked
-    /// before; [`Backend::unpark`] makes it current again. `None`: this backend parks none
-    /// (a snapshot does the job).
-    fn park(&mut self) -> Option<u64> {
-        None
-    }
-
-    /// Makes the state parked as `id` current again (a switch of sets, or its copy restored);
-    /// `Ok(false)` when it is not parked (anymore).
-    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
-        let _ = id;
-        Ok(false)
-    }
-
-    /// Forgets the parked state.
-    fn release_parked(&mut self) {}
-
     /// Replaces the decode state by `blob` (taken from a backend of the same model and `CL`).
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError>;
 
-    /// Sets the task priority of later graph runs (hbUCP: 0 lowest ..= 255), so background
-    /// work (a latest-frame pre-fill) yields to other tasks; the CPU has none.
-    fn set_priority(&mut self, _priority: u8) {}
+    /// What this backend offers beyond compute and the state primitives (cache sets that
+    /// hold a state in place, task priority); `None` for a backend without a device (the CPU).
+    /// Only [`crate::residency::DecodeStates`] uses the cache sets.
+    fn device(&mut self) -> Option<&mut dyn Device> {
+        None
+    }
 
     /// Free window slots, `CL - P`.
     fn context_left(&self) -> usize {
@@ -203,26 +174,11 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn snapshot_reusing(&mut self, spare: StateBlob) -> Result<StateBlob, EngineError> {
         (**self).snapshot_reusing(spare)
     }
-    fn keep(&mut self) -> Option<u64> {
-        (**self).keep()
-    }
-    fn resume_kept(&mut self, id: u64) -> bool {
-        (**self).resume_kept(id)
-    }
-    fn park(&mut self) -> Option<u64> {
-        (**self).park()
-    }
-    fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
-        (**self).unpark(id)
-    }
-    fn release_parked(&mut self) {
-        (**self).release_parked()
-    }
     fn restore(&mut self, blob: &StateBlob) -> Result<(), EngineError> {
         (**self).restore(blob)
     }
-    fn set_priority(&mut self, priority: u8) {
-        (**self).set_priority(priority)
+    fn device(&mut self) -> Option<&mut dyn Device> {
+        (**self).device()
     }
     fn context_left(&self) -> usize {
         (**self).context_left()
@@ -244,6 +200,41 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     ) -> Result<bool, EngineError> {
         (**self).step_interruptible(rows, positions, interrupt)
     }
+}
+
+/// A device's cache sets and scheduler, offered by [`Backend::device`]. A backend runs from
+/// two cache sets; with a third, one state can stay in place while others run:
+/// - **pinned**: a state no run or restore writes, made current again by a switch of sets
+///   rather than a copy of the whole state (the completed frame priming every ask about that
+///   frame starts from);
+/// - **stashed**: a state left in its set until a run or restore needs the set, copied to the
+///   host only then (a stopped frame priming set aside for an ask).
+///
+/// Which state is pinned or stashed, and why, is decided by
+/// [`crate::residency::DecodeStates`]; a backend only carries it out.
+pub trait Device {
+    /// Pins the current state in its set, replacing the state pinned before; `None` when
+    /// the backend has no set to spare (then the caller saves a host snapshot instead).
+    fn pin(&mut self) -> Option<u64>;
+
+    /// Makes the pinned state `id` current again; `false` when another one (or none) is
+    /// pinned.
+    fn switch_to_pinned(&mut self, id: u64) -> bool;
+
+    /// Stashes the current state in its set, replacing the state stashed before; `None`
+    /// without a set to spare, or when the current state is the pinned one (already safe).
+    fn stash(&mut self) -> Option<u64>;
+
+    /// Makes the stashed state `id` current again (a switch of sets, or its host copy
+    /// restored); `Ok(false)` when another one (or none) is stashed.
+    fn take_stash(&mut self, id: u64) -> Result<bool, EngineError>;
+
+    /// Forgets the stashed state.
+    fn drop_stash(&mut self);
+
+    /// Sets the task priority of later graph runs (hbUCP: 0 lowest ..= 255), so background
+    /// work (a frame priming) yields to other tasks.
+    fn set_priority(&mut self, priority: u8);
 }
 
 /// Checks a block of rows for [`Backend::step_interruptible`] (every implementation): `rows`

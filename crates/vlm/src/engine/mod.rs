@@ -18,7 +18,7 @@ mod generate;
 mod state;
 
 pub use backend::check_rows;
-pub use backend::{Backend, BackendInfo, VisionSpec};
+pub use backend::{Backend, BackendInfo, Device, VisionSpec};
 pub use cpu::{CpuBackend, CpuOptions, DEFAULT_CONTEXT, DEFAULT_IMAGE_SIDE, DEFAULT_PREFILL_CHUNK};
 pub use error::EngineError;
 pub use generate::{

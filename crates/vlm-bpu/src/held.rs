@@ -1,11 +1,11 @@
-//! One decode state kept on the device ([`vlm::engine::Backend::keep`]) and one parked there
-//! ([`vlm::engine::Backend::park`]). A kept state stays in its cache set, which no run
-//! writes, so making it current again is a switch of sets, not a copy of the ~60 MB state:
-//! a latest-frame pre-fill is kept so that every ask about its frame starts from it at once,
-//! whatever ran in between. A parked state stays in its set until a run or a restore needs
-//! the set, and only then is copied to the host, so the copy is not on the way of the work
-//! that displaced it (an ask's first token), and not made at all when the state is taken up
-//! again before.
+//! The states a [`vlm::engine::Device`] holds in place: one pinned and one stashed. A pinned
+//! state stays in its cache set, which no run writes, so making it current again is a switch
+//! of sets, not a copy of the ~60 MB state: the completed frame priming is pinned so that
+//! every ask about its frame starts from it at once, whatever ran in between. A stashed state
+//! stays in its set until a run or a restore needs the set, and only then is copied to the
+//! host, so the copy is not on the way of the work that displaced it (an ask's first token),
+//! and not made at all when the state is taken up again before. Which states these are is
+//! decided by `vlm::residency::DecodeStates`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -26,22 +26,22 @@ pub(crate) struct InSet {
     logit_image: Vec<u8>,
 }
 
-/// The kept state.
-pub(crate) struct Kept(InSet);
+/// The pinned state.
+pub(crate) struct Pinned(InSet);
 
-impl Kept {
+impl Pinned {
     pub(crate) fn set(&self) -> usize {
         self.0.set
     }
 }
 
-/// The parked state: in its set, or moved to `copy`.
-pub(crate) struct Parked {
+/// The stashed state: in its set, or moved to `copy`.
+pub(crate) struct Stashed {
     state: InSet,
     copy: Option<StateBlob>,
 }
 
-impl Parked {
+impl Stashed {
     /// Its set while it is there.
     pub(crate) fn set(&self) -> Option<usize> {
         self.copy.is_none().then_some(self.state.set)
@@ -86,43 +86,43 @@ impl BpuBackend {
         }
     }
 
-    /// Keeps the current state in its set (replacing the state kept before).
-    pub(crate) fn keep_current(&mut self) -> Option<u64> {
-        let s = self.in_set("kept")?;
+    /// Pins the current state in its set (replacing the state pinned before).
+    pub(crate) fn pin_current(&mut self) -> Option<u64> {
+        let s = self.in_set("pinned")?;
         let id = s.id;
-        self.kept = Some(Kept(s));
+        self.pinned = Some(Pinned(s));
         Some(id)
     }
 
-    /// Makes the kept state `id` current again; false when another one (or none) is kept.
-    pub(crate) fn resume(&mut self, id: u64) -> bool {
-        let Some(k) = self.kept.take_if(|k| k.0.id == id) else {
+    /// Makes the pinned state `id` current again; false when another one (or none) is pinned.
+    pub(crate) fn resume_pinned(&mut self, id: u64) -> bool {
+        let Some(k) = self.pinned.take_if(|k| k.0.id == id) else {
             return false;
         };
         self.switch_to(&k.0);
-        self.kept = Some(k);
+        self.pinned = Some(k);
         true
     }
 
-    /// Parks the current state where it is (replacing one parked before); `None` without a
-    /// third set, or when it is the kept state (already safe).
-    pub(crate) fn park_current(&mut self) -> Option<u64> {
-        if self.kept.as_ref().map(Kept::set) == Some(self.current) {
+    /// Stashes the current state where it is (replacing one stashed before); `None` without
+    /// a third set, or when it is the pinned state (already safe).
+    pub(crate) fn stash_current(&mut self) -> Option<u64> {
+        if self.pinned.as_ref().map(Pinned::set) == Some(self.current) {
             return None;
         }
-        let s = self.in_set("parked")?;
-        self.release_parked();
+        let s = self.in_set("stashed")?;
+        self.forget_stash();
         let id = s.id;
-        self.parked = Some(Parked {
+        self.stashed = Some(Stashed {
             state: s,
             copy: None,
         });
         Some(id)
     }
 
-    /// Copies the parked state to the host and frees its set.
-    pub(crate) fn move_parked_to_host(&mut self) -> Result<(), EngineError> {
-        let Some(mut p) = self.parked.take_if(|p| p.copy.is_none()) else {
+    /// Copies the stashed state to the host and frees its set.
+    pub(crate) fn move_stash_to_host(&mut self) -> Result<(), EngineError> {
+        let Some(mut p) = self.stashed.take_if(|p| p.copy.is_none()) else {
             return Ok(());
         };
         let at = SavedAt {
@@ -130,42 +130,42 @@ impl BpuBackend {
             consumed: p.state.consumed,
             max_pos: p.state.max_pos,
         };
-        let spare = self.park_spare.take();
+        let spare = self.stash_spare.take();
         let saved = self.save_set(&at, &p.state.logit_image, spare);
         if let Ok(copy) = &saved {
             tracing::debug!(
                 id = p.state.id,
                 bytes = copy.size_bytes(),
-                "parked state moved to the host"
+                "stashed state moved to the host"
             );
         }
         let result = saved.map(|copy| p.copy = Some(copy));
-        self.parked = Some(p);
+        self.stashed = Some(p);
         result
     }
 
-    /// Makes the parked state `id` current again: a switch of sets while it is in its own,
-    /// else its copy restored. `Ok(false)` when another one (or none) is parked.
-    pub(crate) fn unpark(&mut self, id: u64) -> Result<bool, EngineError> {
-        let Some(p) = self.parked.take_if(|p| p.state.id == id) else {
+    /// Makes the stashed state `id` current again: a switch of sets while it is in its own,
+    /// else its copy restored. `Ok(false)` when another one (or none) is stashed.
+    pub(crate) fn unstash(&mut self, id: u64) -> Result<bool, EngineError> {
+        let Some(p) = self.stashed.take_if(|p| p.state.id == id) else {
             return Ok(false);
         };
         match p.copy {
             None => self.switch_to(&p.state),
             Some(copy) => {
                 let loaded = self.load_state(&copy);
-                self.park_spare = Some(copy);
+                self.stash_spare = Some(copy);
                 loaded?;
             }
         }
         Ok(true)
     }
 
-    /// Forgets the parked state (its set becomes writable; a copy's memory is kept for the
+    /// Forgets the stashed state (its set becomes writable; a copy's memory is kept for the
     /// next one).
-    pub(crate) fn release_parked(&mut self) {
-        if let Some(copy) = self.parked.take().and_then(|p| p.copy) {
-            self.park_spare = Some(copy);
+    pub(crate) fn forget_stash(&mut self) {
+        if let Some(copy) = self.stashed.take().and_then(|p| p.copy) {
+            self.stash_spare = Some(copy);
         }
     }
 }

@@ -7,7 +7,7 @@
 //! ask's at theirs. Graph runs and submits per priority are counted by the simulator.
 #![allow(clippy::unwrap_used)]
 
-use vlm::assistant::{Assistant, ImagePrefill, PrefillOutcome, Turn};
+use vlm::assistant::{Assistant, PrimedFrame, PrimingOutcome, Turn};
 use vlm::chat::SystemOptions;
 use vlm::engine::ImageInput;
 use vlm::stream::Completion;
@@ -94,10 +94,10 @@ fn cold(a: &mut Assistant, img: &ImageInput, t: &Turn) -> Completion {
     a.ask(None, &t, &mut |_| {}).unwrap().completion
 }
 
-fn done(o: PrefillOutcome) -> ImagePrefill {
+fn done(o: PrimingOutcome) -> PrimedFrame {
     match o {
-        PrefillOutcome::Done(p) => p,
-        PrefillOutcome::Stopped => panic!("the pre-fill stopped"),
+        PrimingOutcome::Done(p) => p,
+        PrimingOutcome::Stopped => panic!("the pre-fill stopped"),
     }
 }
 
@@ -108,9 +108,9 @@ fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
     let q = turn("What do you see?", None);
     let want = cold(&mut a, &img, &q);
 
-    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    let p = done(a.prime_frame(&opts(None), &img, &mut || false).unwrap());
     let before = runs();
-    let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(got.tokens, want.tokens);
     assert_eq!(got.text, want.text);
     assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
@@ -123,7 +123,7 @@ fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
         got.tokens.len()
     );
     // The pre-fill serves again (a snapshot is restored, not consumed).
-    let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    let again = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(again.tokens, want.tokens);
 }
 
@@ -134,13 +134,13 @@ fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
         let (img, other) = (image(3), image(9));
         let q = turn("What do you see?", None);
         let want = cold(&mut a, &img, &q);
-        let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+        let p = done(a.prime_frame(&opts(None), &img, &mut || false).unwrap());
         let mut copies = Vec::new();
         for _ in 0..2 {
             // Another turn in between: the backend's state is not the pre-fill's anymore.
             cold(&mut a, &other, &turn("And this one?", None));
             let before = a.restores();
-            let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+            let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
             copies.push(a.restores() - before);
             assert_eq!(got.tokens, want.tokens, "keep_set {keep_set}");
             assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
@@ -149,9 +149,13 @@ fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
         let expect = if keep_set { vec![0, 0] } else { vec![1, 1] };
         assert_eq!(copies, expect, "keep_set {keep_set}");
         // A newer pre-fill replaces a kept one, which then fits no ask; a snapshot stays good.
-        let newer = done(a.prefill_image(&opts(None), &other, &mut || false).unwrap());
-        assert!(a.prefill_fits(&newer, &q));
-        assert_eq!(a.prefill_fits(&p, &q), !keep_set, "keep_set {keep_set}");
+        let newer = done(a.prime_frame(&opts(None), &other, &mut || false).unwrap());
+        assert!(a.primed_frame_fits(&newer, &q));
+        assert_eq!(
+            a.primed_frame_fits(&p, &q),
+            !keep_set,
+            "keep_set {keep_set}"
+        );
     }
 }
 
@@ -162,10 +166,10 @@ fn with_padded_tails_the_short_rest_of_the_image_goes_with_the_question() {
     let q = turn("What do you see?", None);
     let want = cold(&mut a, &img, &q);
     let before = runs();
-    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    let p = done(a.prime_frame(&opts(None), &img, &mut || false).unwrap());
     let prefill_runs = runs() - before;
     let before = runs();
-    let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
     let ask_runs = runs() - before;
     assert_eq!(got.tokens, want.tokens);
     assert_eq!(got.text, want.text);
@@ -180,7 +184,7 @@ fn with_padded_tails_the_short_rest_of_the_image_goes_with_the_question() {
         "no padded chunk for the head's last 9 rows"
     );
     assert_eq!(ask_runs, 1 + got.tokens.len() as u64 - 1);
-    let again = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+    let again = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(
         again.tokens, want.tokens,
         "the lead is kept with the snapshot"
@@ -204,7 +208,7 @@ fn stopped_prefills_continue(keep_set: bool) {
     // tower and the image block's rows.
     let before = runs();
     done(
-        a.prefill_image(&opts(q.system.as_deref()), &img, &mut || false)
+        a.prime_frame(&opts(q.system.as_deref()), &img, &mut || false)
             .unwrap(),
     );
     let total = runs() - before;
@@ -217,58 +221,58 @@ fn stopped_prefills_continue(keep_set: bool) {
             calls > k
         };
         let o = a
-            .prefill_image(&opts(q.system.as_deref()), &img, &mut stop_after_k)
+            .prime_frame(&opts(q.system.as_deref()), &img, &mut stop_after_k)
             .unwrap();
         assert!(
-            matches!(o, PrefillOutcome::Stopped),
+            matches!(o, PrimingOutcome::Stopped),
             "stopped after call {k}"
         );
         assert_eq!(runs() - before, k, "call {k} is the last to run");
         if k == 0 {
             // Stopped before the tower: nothing worth continuing.
-            assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
+            assert!(!a.can_resume_priming(&opts(q.system.as_deref())));
             continue;
         }
-        assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
-        assert!(!a.can_resume_prefill(&opts(Some("another"))));
+        assert!(a.can_resume_priming(&opts(q.system.as_deref())));
+        assert!(!a.can_resume_priming(&opts(Some("another"))));
         if k % 2 == 0 {
             // Parked, then another turn uses the backend: the pre-fill goes on from the snapshot.
-            a.park_prefill().unwrap();
+            a.stash_priming().unwrap();
             let text = a
                 .ask(None, &turn("hi", None), &mut |_| {})
                 .unwrap()
                 .completion;
-            assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
+            assert!(a.can_resume_priming(&opts(q.system.as_deref())));
             let before_resume = runs();
-            let p = done(a.resume_prefill(&mut || false).unwrap());
+            let p = done(a.resume_priming(&mut || false).unwrap());
             let ask_runs = text.timings.prompt_tokens as u64 + text.tokens.len() as u64;
             assert!(
                 runs() - before_resume < total,
                 "{ask_runs} runs for the ask"
             );
-            let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+            let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
             assert_eq!(got.tokens, want.tokens, "parked after call {k}");
             continue;
         }
-        let p = done(a.resume_prefill(&mut || false).unwrap());
+        let p = done(a.resume_priming(&mut || false).unwrap());
         assert_eq!(runs() - before, total, "nothing runs twice");
-        let got = a.ask_prefilled(&p, &q, &mut |_| {}).unwrap().completion;
+        let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
         assert_eq!(got.tokens, want.tokens, "stopped after call {k}");
-        assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
+        assert!(!a.can_resume_priming(&opts(q.system.as_deref())));
     }
     // Stopped after the tower, then a new pre-fill stopped before its tower: the first one's
     // state is not offered for the second's image.
     let mut calls = 0;
-    let o = a.prefill_image(&opts(q.system.as_deref()), &img, &mut || {
+    let o = a.prime_frame(&opts(q.system.as_deref()), &img, &mut || {
         calls += 1;
         calls > 1
     });
-    assert!(matches!(o.unwrap(), PrefillOutcome::Stopped));
-    assert!(a.can_resume_prefill(&opts(q.system.as_deref())));
-    a.park_prefill().unwrap();
-    let o = a.prefill_image(&opts(q.system.as_deref()), &image(4), &mut || true);
-    assert!(matches!(o.unwrap(), PrefillOutcome::Stopped));
-    assert!(!a.can_resume_prefill(&opts(q.system.as_deref())));
+    assert!(matches!(o.unwrap(), PrimingOutcome::Stopped));
+    assert!(a.can_resume_priming(&opts(q.system.as_deref())));
+    a.stash_priming().unwrap();
+    let o = a.prime_frame(&opts(q.system.as_deref()), &image(4), &mut || true);
+    assert!(matches!(o.unwrap(), PrimingOutcome::Stopped));
+    assert!(!a.can_resume_priming(&opts(q.system.as_deref())));
 }
 
 #[test]
@@ -276,16 +280,16 @@ fn another_system_block_does_not_fit_and_alternating_blocks_are_prefilled_once()
     let (_d, mut a) = open();
     let img = image(1);
     let p = done(
-        a.prefill_image(&opts(Some("A")), &img, &mut || false)
+        a.prime_frame(&opts(Some("A")), &img, &mut || false)
             .unwrap(),
     );
-    assert!(a.prefill_fits(&p, &turn("hi", Some("A"))));
-    assert!(!a.prefill_fits(&p, &turn("hi", Some("B"))));
+    assert!(a.primed_frame_fits(&p, &turn("hi", Some("A"))));
+    assert!(!a.primed_frame_fits(&p, &turn("hi", Some("B"))));
     let mut tools = turn("hi", Some("A"));
     tools.tools = vec![serde_json::json!({"type": "function", "function": {"name": "f"}})];
-    assert!(!a.prefill_fits(&p, &tools));
+    assert!(!a.primed_frame_fits(&p, &tools));
     assert!(a
-        .ask_prefilled(&p, &turn("hi", Some("B")), &mut |_| {})
+        .ask_primed(&p, &turn("hi", Some("B")), &mut |_| {})
         .is_err());
 
     let snapshots = a.snapshots();
@@ -316,7 +320,7 @@ fn a_prefill_submits_at_the_priority_it_is_given() {
     cold(&mut a, &img, &q);
     a.set_priority(6);
     let before = sim.submits_by_priority();
-    let p = done(a.prefill_image(&opts(None), &img, &mut || false).unwrap());
+    let p = done(a.prime_frame(&opts(None), &img, &mut || false).unwrap());
     a.set_priority(7);
     let after = sim.submits_by_priority();
     let at = |m: &std::collections::BTreeMap<u8, u64>, k| m.get(&k).copied().unwrap_or(0);
@@ -327,7 +331,7 @@ fn a_prefill_submits_at_the_priority_it_is_given() {
         "nothing at the asks' priority"
     );
     let before = sim.submits_by_priority();
-    a.ask_prefilled(&p, &q, &mut |_| {}).unwrap();
+    a.ask_primed(&p, &q, &mut |_| {}).unwrap();
     let after = sim.submits_by_priority();
     assert_eq!(
         at(&after, 6),

@@ -1,13 +1,11 @@
 //! The system blocks (system prompt + tools) prefilled once and restored per fresh
 //! conversation: a small LRU of state snapshots keyed by the block's text, bounded in entries
-//! and bytes ([`Assistant::set_prefix_budget`]). A robot that alternates between a few system
-//! prompts (a planner's and a describer's) then prefills each only once.
+//! and bytes ([`super::DecodeStates::set_prefix_budget`]). A robot that alternates between a
+//! few system prompts (a planner's and a describer's) then prefills each only once.
 
 use std::collections::VecDeque;
 
-use super::{Assistant, AssistantError, Resident};
-use crate::chat::{Pos3, SystemOptions};
-use crate::engine::{Backend, StateBlob};
+use crate::engine::StateBlob;
 
 /// Most system blocks kept, whatever the byte budget.
 const MAX_ENTRIES: usize = 8;
@@ -28,7 +26,7 @@ impl PrefixCache {
     }
 
     /// The snapshot of `text`, now the most recently used.
-    fn get(&mut self, text: &str) -> Option<&StateBlob> {
+    pub(super) fn get(&mut self, text: &str) -> Option<&StateBlob> {
         let i = self.entries.iter().position(|(t, _)| t == text)?;
         let e = self.entries.remove(i)?;
         self.entries.push_back(e);
@@ -37,7 +35,7 @@ impl PrefixCache {
 
     /// Keeps `blob` for `text`; the least recently used go while over the entry count or the
     /// byte budget. The newest always stays: it is the state the next fresh turn needs.
-    fn put(&mut self, text: String, blob: StateBlob) {
+    pub(super) fn put(&mut self, text: String, blob: StateBlob) {
         self.entries.retain(|(t, _)| *t != text);
         self.entries.push_back((text, blob));
         while self.entries.len() > 1
@@ -55,60 +53,11 @@ impl PrefixCache {
         self.entries.len()
     }
 
-    fn set_budget(&mut self, budget: usize) {
+    pub(super) fn set_budget(&mut self, budget: usize) {
         self.budget = budget;
         while self.entries.len() > 1 && self.bytes() > self.budget {
             self.entries.pop_front();
         }
-    }
-}
-
-impl Assistant {
-    /// Bytes the cached system blocks may hold (a front end takes them from the memory it
-    /// gives parked conversations); at least the most recent block is always kept.
-    pub fn set_prefix_budget(&mut self, bytes: usize) {
-        self.prefix.set_budget(bytes);
-    }
-
-    /// Bytes and entries held by the cached system blocks.
-    pub fn prefix_cache_usage(&self) -> (usize, usize) {
-        (self.prefix.bytes(), self.prefix.len())
-    }
-
-    /// Puts the state right after the system block: restored from the cache when the block
-    /// is there, else prefilled and cached; `interrupt` is asked before each graph call of
-    /// the prefill.
-    /// Returns the prefix's row count; `None` when `interrupt` stopped it (nothing cached).
-    pub(super) fn load_prefix(
-        &mut self,
-        opts: &SystemOptions,
-        interrupt: &mut dyn FnMut() -> bool,
-    ) -> Result<Option<usize>, AssistantError> {
-        let text = self.template.system_text(opts)?;
-        self.resident = Resident::Unknown;
-        if let Some(blob) = self.prefix.get(&text) {
-            self.engine.backend_mut().restore(blob)?;
-            self.restores += 1;
-            return Ok(Some(self.engine.backend().consumed()));
-        }
-        let ids = self.template.system_prefix(opts)?;
-        let backend = self.engine.backend_mut();
-        backend.reset()?;
-        let mut rows = Vec::new();
-        backend.embed(&ids, &mut rows)?;
-        let positions: Vec<Pos3> = (0..ids.len() as u32).map(Pos3::text).collect();
-        if !positions.is_empty() && !backend.step_interruptible(&rows, &positions, interrupt)? {
-            return Ok(None);
-        }
-        let blob = backend.snapshot()?;
-        self.snapshots += 1;
-        tracing::info!(
-            tokens = ids.len(),
-            bytes = blob.size_bytes(),
-            "system prefix prefilled and cached"
-        );
-        self.prefix.put(text, blob);
-        Ok(Some(ids.len()))
     }
 }
 
