@@ -63,8 +63,8 @@ impl Refusal {
     }
 }
 
-/// The description `ros2 param describe` shows: the README's text (ranges included) and when
-/// a new value takes effect. Built once: r2r keeps descriptions as `&'static str`.
+/// The description `ros2 param describe` shows: the text of docs/parameters.md (ranges
+/// included) and when a new value takes effect. Built once: r2r keeps descriptions as `&'static str`.
 fn described(index: usize) -> &'static str {
     static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
     let texts = TEXTS.get_or_init(|| {
@@ -376,12 +376,12 @@ mod tests {
         assert_eq!(Params::from_values(&dumped).unwrap(), *s.live.snapshot());
     }
 
-    /// The README's parameter table says for each parameter when a new value applies, as
-    /// the table in `params.rs` decides.
+    /// The parameter table in docs/parameters.md says for each parameter when a new value
+    /// applies, as the table in `params.rs` decides.
     #[test]
     fn the_readme_table_marks_the_run_time_parameters() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let readme = std::fs::read_to_string(root.join("docs/parameters.md")).unwrap();
         for spec in SPECS {
             let head = format!("| `{}` |", spec.name);
             let row = readme.lines().find(|l| l.starts_with(&head)).unwrap();
@@ -389,7 +389,11 @@ mod tests {
                 Apply::NextAsk => "| next ask |",
                 Apply::Restart => "| restart |",
             };
-            assert!(row.ends_with(want), "README row of {}: {row}", spec.name);
+            assert!(
+                row.ends_with(want),
+                "docs/parameters.md row of {}: {row}",
+                spec.name
+            );
         }
     }
 }

@@ -2,7 +2,7 @@
 //! works without a params file), values given on the command line or in a params file
 //! override them, and a value of the wrong type or out of range stops the node at start with
 //! a message naming the parameter. `launch/vlm_params.yaml` repeats these defaults and the
-//! README's parameter table documents them; a test keeps all three in step.
+//! parameter table in docs/parameters.md documents them; a test keeps all three in step.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use r2r::ParameterValue;
 
 use crate::names::{ANSWERS_TOPIC, ASK_ACTION, ASK_SERVICE, CANCEL_SERVICE, TOKENS_TOPIC};
 
-/// One parameter: name, built-in default, one-line description (the README table) and when
+/// One parameter: name, built-in default, one-line description (docs/parameters.md) and when
 /// a new value takes effect.
 pub struct Spec {
     pub name: &'static str,
@@ -40,7 +40,7 @@ fn s(v: &str) -> ParameterValue {
     ParameterValue::String(v.to_owned())
 }
 
-/// Every parameter of `vlm_node`, in README order.
+/// Every parameter of `vlm_node`, in the order of docs/parameters.md.
 pub const SPECS: &[Spec] = &[
     Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true.", apply: Restart },
     Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model).", apply: Restart },
@@ -940,7 +940,7 @@ mod tests {
         }
     }
 
-    /// The value as the YAML file and the README table spell it.
+    /// The value as the YAML file and the table in docs/parameters.md spell it.
     fn spelled(v: &ParameterValue) -> String {
         match v {
             ParameterValue::Bool(b) => b.to_string(),
@@ -962,7 +962,7 @@ mod tests {
     fn params_file_and_readme_repeat_the_built_in_defaults() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let yaml = std::fs::read_to_string(root.join("launch/vlm_params.yaml")).unwrap();
-        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let readme = std::fs::read_to_string(root.join("docs/parameters.md")).unwrap();
         let yaml_values: HashMap<&str, &str> = yaml
             .lines()
             .filter_map(|l| {
@@ -980,7 +980,10 @@ mod tests {
                 spec.name
             );
             let row = format!("| `{}` | `{}` |", spec.name, want);
-            assert!(readme.contains(&row), "README parameter table lacks {row}");
+            assert!(
+                readme.contains(&row),
+                "docs/parameters.md parameter table lacks {row}"
+            );
         }
     }
 }

@@ -148,7 +148,7 @@ def environment_md(sec):
                '0x99 in both registers (BLLM docs/MODELS.en.md) |')
     gov = (sec.get('cpu_governor') or {}).get('governors') or {}
     out.append('| CPU governor | ' + (', '.join(f'{g} on {len(c)} cores' for g, c in gov.items())
-                                   or 'no cpufreq') + ' | performance (README) |')
+                                   or 'no cpufreq') + ' | performance (docs/board.md) |')
     for d in sec.get('devices') or []:
         if d.get('exists'):
             out.append(f"| {d['path']} | {d['mode']} {d['owner']}:{d['group']}, this user "
@@ -166,7 +166,7 @@ def environment_md(sec):
             ('; to read it back: ' + '; '.join(f'`{c}`' for c in perf['read_with'])
              if perf.get('read_with') else ''),
             f"- CPU governor: `{(sec.get('cpu_governor') or {}).get('set_with')}`",
-            '- devices: see README, "On the board"']
+            '- devices: see docs/board.md, "Before the first run"']
     return out
 
 

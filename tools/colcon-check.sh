@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the board build (README "Build on the board") here: runs the documented colcon
+# Checks the board build (README "On the board") here: runs the documented colcon
 # command in a throwaway workspace, .cache/colcon-check/ (never in the repo root, own cargo
 # target directory under its build/), against the PyPI ROS 2 from tools/ros2-bootstrap.sh,
 # then checks what was installed.

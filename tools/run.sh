@@ -17,7 +17,7 @@ source .ros2/setup.bash
 export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))}
 export ROS_AUTOMATIC_DISCOVERY_RANGE=${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}
 # The camera stand-in publishes frames above 512 KiB as camera drivers should: with the
-# large-frame Fast DDS profile (README, "Large frames").
+# large-frame Fast DDS profile (docs/node.md, "Large frames").
 PROFILE="$ROOT/launch/fastdds_large_frames.xml"
 
 echo "[run] cargo build -p bpu_vlm --bin vlm_node"

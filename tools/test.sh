@@ -33,8 +33,8 @@ case "${1:-}" in
 esac
 wanted() { [ -z "$ONLY" ] || [[ $ONLY == *",$1,"* ]]; }
 
-# Seconds per phase on a cold CI run (fresh clone, 2 cores; README "What the test command
-# does"), about 1.3x the measured time. Over budget prints a warning: the whole command must
+# Seconds per phase on a cold CI run (fresh clone, 2 cores; docs/testing.md, "Budgets
+# and measured times"), about 1.3x the measured time. Over budget prints a warning: the whole command must
 # stay under 45 minutes (TOTAL_BUDGET), and a phase that grows is where to look first.
 declare -A BUDGET=(
   [bootstrap]=150 [rust-tools]=60 [fmt]=30 [limits]=15 [py-compat]=60 [clippy]=450 [test]=920 [flush-whole]=30 [aarch64]=440
@@ -82,7 +82,7 @@ print_summary() {
   printf '%-12s %5ds  budget %5ds%s\n' total "$total" "$TOTAL_BUDGET" \
     "$([ "$total" -gt "$TOTAL_BUDGET" ] && echo "  OVER BUDGET by $((total - TOTAL_BUDGET))s")"
   if [ ${#OVER[@]} -gt 0 ]; then
-    echo "WARNING: over budget: ${OVER[*]} (a warning, not a failure; README \"What the test command does\")"
+    echo "WARNING: over budget: ${OVER[*]} (a warning, not a failure; docs/testing.md)"
   fi
   echo "disk         $(du -sh "$ROOT/target" "$ROOT/.cache" "$ROOT/.ros2" 2>/dev/null | awk '{ printf "%s %s  ", $2, $1 }' | sed "s|$ROOT/||g")"
   # One closing line over every test binary of the cargo test phase (cargo prints one

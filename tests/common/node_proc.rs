@@ -33,8 +33,8 @@ fn fastdds_profile() -> String {
         .to_string()
 }
 
-/// The environment of a peer in `domain` (the camera-side Fast DDS profile, as the README
-/// tells camera drivers to use).
+/// The environment of a peer in `domain` (the camera-side Fast DDS profile, as docs/node.md
+/// ("Large frames") tells camera drivers to use).
 pub fn peer_env(domain: &str) -> Vec<(&'static str, String)> {
     vec![
         ("ROS_DOMAIN_ID", domain.to_owned()),
