@@ -368,7 +368,7 @@ def node_md(sec, doc):
                 f"| TTFT | {num(peer.get('ttft_s'), 's', 3)} | compare the image TTFT of timings, "
                 f"{num(image_ttft, 's', 3)} ("
                 + ('measured on the 4B-shaped package, not this one)' if sim else
-                   'same photo and question; the node may pre-fill the newest frame before an '
+                   'same photo and question; the node may priming the newest frame before an '
                    'ask)') + ' |',
                 f"| answer | {cell(peer.get('answer'))} | the tokens' text, joined |",
                 f"| finish | {peer.get('finish_reason')} | stop or length |"]

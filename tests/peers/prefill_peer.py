@@ -1,18 +1,18 @@
-"""rclpy peer for tests/node_prefill.rs: latest-frame pre-fill over a real ROS 2 graph.
+"""rclpy peer for tests/node_prefill.rs: frame priming over a real ROS 2 graph.
 
 Run with .ros2/venv/bin/python. Prints one JSON line prefixed "REPORT " and then "PEER OK",
 like node_peer.py (whose Peer it uses). Every ask is greedy. The cold references send the same
-pixels as a request image (never pre-filled), so they are the answers without pre-fill.
+pixels as a request image (never primed), so they are the answers without priming.
 
-  hit      scene_a frames on /cam; once a pre-fill is done, h-1 (served from it) and c-a (cold)
+  hit      scene_a frames on /cam; once a priming is done, h-1 (served from it) and c-a (cold)
   strict   a long text ask L runs while scene_b frames arrive (10 Hz until Y is answered, so
            Y always has a fresh one) and X (no age limit) and Y (max_image_age_s 1.0, the
-           pre-filled frame is older) queue behind it; c-b cold
+           primed frame is older) queue behind it; c-b cold
   miss     S (another system prompt, /cam) and K (/cam2, scene_c), with their cold references
   queued   frames at 10 Hz on /cam; a long text ask and three camera asks queued at once
   expired  T (on /cam, timeout_s 0.05) times out queued behind a long text ask: no camera ask
-  set      system_prompt set over the parameter service; scene_a frames pre-filled after it,
-           then P (no system_prompt: the set one) is served from the pre-fill; c-p cold
+  set      system_prompt set over the parameter service; scene_a frames primed after it,
+           then P (no system_prompt: the set one) is served from the priming; c-p cold
 """
 
 import os
@@ -69,13 +69,13 @@ def run(p, a):
 
     # hit
     rep['sent_a'] = p.publish_frames('/cam', with_header(scene['a'], 'cam_a', 0, 0))
-    diag_until(p, 'a pre-fill', lambda d: count(d, 'prefills_done') >= 1)
+    diag_until(p, 'a priming', lambda d: count(d, 'prefills_done') >= 1)
     rep['h1'] = greedy('h-1')
     rep['d_h1'] = diag_with_served(p, served)
     stamp = rep['h1']['response']['image_stamp']
     rep['ca'] = cold('c-a', 'a', (stamp['sec'], stamp['nanosec']))
 
-    # strict: the pre-filled scene_a frame ages past 1 s, then the queue holds L, X, Y.
+    # strict: the primed scene_a frame ages past 1 s, then the queue holds L, X, Y.
     time.sleep(1.5)
     rep['d_before_strict'] = diag_with_served(p, served)
     order = []
@@ -131,13 +131,13 @@ def run(p, a):
     stamp = rep['K']['response']['image_stamp']
     rep['cc'] = cold('c-c', 'c', (stamp['sec'], stamp['nanosec']))
 
-    # queued: a camera at 10 Hz keeps pre-fills due; none runs while asks are queued.
+    # queued: a camera at 10 Hz keeps primings due; none runs while asks are queued.
     stop = threading.Event()
     t = threading.Thread(target=camera, daemon=True,
                          args=('/cam', with_header(scene['a'], 'cam_a', 0, 0), stop, []))
     t.start()
     done = count(p.last_diag(), 'prefills_done')
-    diag_until(p, 'pre-fills of the 10 Hz camera', lambda d: count(d, 'prefills_done') >= done + 2)
+    diag_until(p, 'primings of the 10 Hz camera', lambda d: count(d, 'prefills_done') >= done + 2)
     with p.lock:
         first = len(p.diagnostics)
     base = served
@@ -162,7 +162,7 @@ def run(p, a):
         [count(d, 'requests_served') - base, count(d, 'prefills_done'),
          count(d, 'prefills_stopped')] for d in seen]
 
-    # expired: a camera ask that times out in the queue is no pre-fill camera ask.
+    # expired: a camera ask that times out in the queue is no priming camera ask.
     failed = count(p.last_diag(), 'requests_failed')
     rep['d_before_T'] = diag_with_served(p, served)
     pending.clear()
@@ -176,16 +176,16 @@ def run(p, a):
     rep['d_T'] = diag_until(p, 'T failed', lambda d: count(d, 'requests_failed') > failed
                             and count(d, 'requests_served') >= served)
 
-    # set: after a run-time system_prompt, asks without one use it; so must the pre-fill.
+    # set: after a run-time system_prompt, asks without one use it; so must the priming.
     rep['set'] = Params(p, a.node_name).set('system_prompt', SYSTEM)
-    # Each frame is published once a pre-fill completed after the one before, so the pre-fill
-    # P gets started after the set (one pre-fill runs at a time; all frames show scene_a).
+    # Each frame is published once a priming completed after the one before, so the priming
+    # P gets started after the set (one priming runs at a time; all frames show scene_a).
     rep['sent_p'] = []
     for _ in range(2):
         done = count(p.last_diag(), 'prefills_done')
         rep['sent_p'] += p.publish_frames('/cam', with_header(scene['a'], 'cam_a', 0, 0),
                                           count=1)
-        diag_until(p, 'a pre-fill after the set',
+        diag_until(p, 'a priming after the set',
                    lambda d, done=done: count(d, 'prefills_done') > done)
     rep['d_before_set'] = diag_with_served(p, served)
     rep['P'] = greedy('P')

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fresh-frame benchmark (BENCHMARKS.md, "What do you see?" with latest-frame pre-fill): release
+# Fresh-frame benchmark (BENCHMARKS.md, "What do you see?" with frame priming): release
 # vlm_node on the 4B-shaped ctx4k package without weights under the simulator's S100P timing
 # model (prefill_tail pads_first), a 640x480 camera at 10 Hz, ASKS greedy questions at random
 # moments; once with prefill_latest_frame on (the default) and once off. Not a test.

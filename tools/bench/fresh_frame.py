@@ -6,7 +6,7 @@ camera publishes 640x480 frames at 10 Hz.
 Asks ASKS greedy questions one at a time, each after a random pause (uniform in
 [--min-gap, --max-gap] s), on the default camera. Per ask: the node's ttft_s (from the
 request's arrival) and the age of the frame used (the client's ROS time at the call minus the
-answer's image_stamp, both from this host's clock). At the end the node's pre-fill counters
+answer's image_stamp, both from this host's clock). At the end the node's priming counters
 from /diagnostics (hit rate, BPU duty). Prints one JSON object.
 """
 

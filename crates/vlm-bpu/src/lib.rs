@@ -113,7 +113,7 @@ pub struct BpuOptions {
     /// (the default) only warns in both cases; `Off` checks nothing.
     pub pool_check: PoolCheck,
     /// Allocate a third decode cache set so that one state can be kept on the device
-    /// ([`Backend::keep`]: a latest-frame pre-fill that asks start from without a copy). One
+    /// ([`vlm::engine::Device::pin`]: the primed frame that asks start from without a copy). One
     /// more set of device memory; when it cannot be had the backend opens without it.
     pub keep_set: bool,
     /// Whether CLEAN and INVALIDATE name ranges inside an allocation ([`FlushOption`]; parses

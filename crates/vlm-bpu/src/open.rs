@@ -497,7 +497,7 @@ fn alloc_sets(
         match state::alloc_set(decode, cache_bytes, hbm) {
             Ok(set) => sets.push(set),
             Err(e) => tracing::warn!(
-                "no third decode cache set ({e}): a pre-filled state is restored by copy"
+                "no third decode cache set ({e}): a primed state is restored by copy"
             ),
         }
     }

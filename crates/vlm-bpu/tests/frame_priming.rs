@@ -1,9 +1,9 @@
-//! Latest-frame pre-fill and the system-prefix LRU on a sim package of the tiny-4b fixture
-//! (vision on): a greedy answer from a pre-filled image equals the cold answer on the same
-//! image, prompt_tokens included, also when the pre-fill was stopped at a graph-call boundary
+//! Frame priming and the system-prefix LRU on a sim package of the tiny-4b fixture
+//! (vision on): a greedy answer from a primed image equals the cold answer on the same
+//! image, prompt_tokens included, also when the priming was stopped at a graph-call boundary
 //! and continued, directly or from its parked state after another turn, and when the head's
 //! short last chunk waits for the question (padded tails); a turn with another system block
-//! does not fit it; each of two alternating system prompts is prefilled once; a pre-fill's tasks go at the priority it is given, the
+//! does not fit it; each of two alternating system prompts is prefilled once; a priming's tasks go at the priority it is given, the
 //! ask's at theirs. Graph runs and submits per priority are counted by the simulator.
 #![allow(clippy::unwrap_used)]
 
@@ -97,7 +97,7 @@ fn cold(a: &mut Assistant, img: &ImageInput, t: &Turn) -> Completion {
 fn done(o: PrimingOutcome) -> PrimedFrame {
     match o {
         PrimingOutcome::Done(p) => p,
-        PrimingOutcome::Stopped => panic!("the pre-fill stopped"),
+        PrimingOutcome::Stopped => panic!("the priming stopped"),
     }
 }
 
@@ -122,7 +122,7 @@ fn an_answer_from_a_prefilled_image_equals_the_cold_answer() {
         runs() - before,
         got.tokens.len()
     );
-    // The pre-fill serves again (a snapshot is restored, not consumed).
+    // The priming serves again (a snapshot is restored, not consumed).
     let again = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
     assert_eq!(again.tokens, want.tokens);
 }
@@ -137,7 +137,7 @@ fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
         let p = done(a.prime_frame(&opts(None), &img, &mut || false).unwrap());
         let mut copies = Vec::new();
         for _ in 0..2 {
-            // Another turn in between: the backend's state is not the pre-fill's anymore.
+            // Another turn in between: the backend's state is not the priming's anymore.
             cold(&mut a, &other, &turn("And this one?", None));
             let before = a.restores();
             let got = a.ask_primed(&p, &q, &mut |_| {}).unwrap().completion;
@@ -145,10 +145,10 @@ fn a_prefill_kept_on_the_device_serves_asks_after_other_turns_without_a_copy() {
             assert_eq!(got.tokens, want.tokens, "keep_set {keep_set}");
             assert_eq!(got.timings.prompt_tokens, want.timings.prompt_tokens);
         }
-        // Kept: a switch of cache sets each time; else the pre-filled state is copied back.
+        // Kept: a switch of cache sets each time; else the primed state is copied back.
         let expect = if keep_set { vec![0, 0] } else { vec![1, 1] };
         assert_eq!(copies, expect, "keep_set {keep_set}");
-        // A newer pre-fill replaces a kept one, which then fits no ask; a snapshot stays good.
+        // A newer priming replaces a kept one, which then fits no ask; a snapshot stays good.
         let newer = done(a.prime_frame(&opts(None), &other, &mut || false).unwrap());
         assert!(a.primed_frame_fits(&newer, &q));
         assert_eq!(
@@ -204,7 +204,7 @@ fn stopped_prefills_continue(keep_set: bool) {
     let img = image(3);
     let q = turn("Describe it.", Some("You are a robot."));
     let want = cold(&mut a, &img, &q);
-    // Every graph call of a pre-fill: the system block is cached by the cold ask, so the
+    // Every graph call of a priming: the system block is cached by the cold ask, so the
     // tower and the image block's rows.
     let before = runs();
     done(
@@ -236,7 +236,7 @@ fn stopped_prefills_continue(keep_set: bool) {
         assert!(a.can_resume_priming(&opts(q.system.as_deref())));
         assert!(!a.can_resume_priming(&opts(Some("another"))));
         if k % 2 == 0 {
-            // Parked, then another turn uses the backend: the pre-fill goes on from the snapshot.
+            // Parked, then another turn uses the backend: the priming goes on from the snapshot.
             a.stash_priming().unwrap();
             let text = a
                 .ask(None, &turn("hi", None), &mut |_| {})
@@ -260,7 +260,7 @@ fn stopped_prefills_continue(keep_set: bool) {
         assert_eq!(got.tokens, want.tokens, "stopped after call {k}");
         assert!(!a.can_resume_priming(&opts(q.system.as_deref())));
     }
-    // Stopped after the tower, then a new pre-fill stopped before its tower: the first one's
+    // Stopped after the tower, then a new priming stopped before its tower: the first one's
     // state is not offered for the second's image.
     let mut calls = 0;
     let o = a.prime_frame(&opts(q.system.as_deref()), &img, &mut || {
@@ -298,7 +298,7 @@ fn another_system_block_does_not_fit_and_alternating_blocks_are_prefilled_once()
             a.ask(None, &turn("hi", Some(s)), &mut |_| {}).unwrap();
         }
     }
-    // A was cached by the pre-fill; B and C once each.
+    // A was cached by the priming; B and C once each.
     assert_eq!(a.snapshots() - snapshots, 2);
     let (bytes, entries) = a.prefix_cache_usage();
     assert_eq!(entries, 3);

@@ -487,7 +487,7 @@ impl Assistant {
             .map(|v| ImageSlot::square(v.geometry.merged_side() as u32))
     }
 
-    /// The stream settings [`Assistant::ask`] and the pre-filled answer use for `turn`.
+    /// The stream settings [`Assistant::ask`] and the primed answer use for `turn`.
     fn stream_config(&self, turn: &Turn, starts_in_think: bool) -> StreamConfig {
         let qwen = *self.template.dialect() == Dialect::Qwen35;
         let structured = turn.json_schema.is_some();

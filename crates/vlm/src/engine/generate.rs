@@ -32,7 +32,7 @@ pub enum ImageInput {
 type TurnRows = (Vec<f32>, Vec<Pos3>);
 
 /// Rows not in the state yet that go ahead of a prompt's own rows, in the same step: the
-/// tail of a pre-filled turn that would have taken a padded chunk of its own
+/// tail of a primed turn that would have taken a padded chunk of its own
 /// ([`Engine::generate_after`]). The prompt's positions continue after them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Lead<'a> {

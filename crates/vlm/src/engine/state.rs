@@ -80,7 +80,7 @@ impl StateBlob {
 
     /// [`StateBlob::build`] into the allocation of `spare`, a snapshot no longer needed: a
     /// fresh one of some 60 MB is paid in page faults, on an ask's path when a stopped
-    /// pre-fill is parked.
+    /// priming is parked.
     pub fn build_reusing(
         spare: Option<StateBlob>,
         shape: &StateShape,
