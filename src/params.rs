@@ -1,4 +1,4 @@
-//! The node's parameters, each declared once (the [`declare!`] table below): its name,
+//! The node's parameters, each declared once (the `declare!` table below): its name,
 //! type, built-in default, accepted values ([`Kind`]), when a new value takes effect
 //! ([`Apply`]) and description. From that one entry come [`SPECS`], the reading and checking
 //! of values ([`Params::from_values`]), the values in force ([`Params::effective`]), the
