@@ -133,19 +133,26 @@ macro_rules! declare {
 
 declare! {
     model_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
-        "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true.";
+        "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with \
+        `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless \
+        `demo_model` is true.";
     demo_model: bool = b(false), Kind::Bool, Restart,
-        "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model).";
+        "With `model_dir` empty, serve the embedded tiny random model on the simulator (random \
+        answers: a demo of the path, not a model).";
     backend: BackendChoice = s("auto"), Kind::Choice(&["auto", "cpu"]), Restart,
-        "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35.";
+        "`auto` follows the package (simulator containers → simulator, real `.hbm` → board \
+        libraries); `cpu` runs an HF checkpoint with crates/qwen35.";
     vision: bool = b(true), Kind::Bool, Restart,
         "Load the vision tower; `false` = text only (`visual.hbm` is never opened).";
     image_topics: Vec<String> = list(&["image_raw"]), Kind::Topics, Restart,
-        "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored. Relative names resolve in the node's namespace.";
+        "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty \
+        strings are ignored. Relative names resolve in the node's namespace.";
     compressed_image_topics: Vec<String> = list(&[""]), Kind::Topics, Restart,
-        "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list).";
+        "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot \
+        hold an empty list).";
     default_camera: Option<String> = s(""), Kind::Text, Restart,
-        "Camera used when an ask names none; empty = the first image topic (else the first compressed one).";
+        "Camera used when an ask names none; empty = the first image topic (else the first \
+        compressed one).";
     camera_qos: CameraQos = s("sensor_data"), Kind::Choice(&["sensor_data", "reliable"]), Restart,
         "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`.";
     max_image_age_s: f64 = d(0.0), Kind::Seconds(AT_LEAST_0), NextAsk,
@@ -157,7 +164,8 @@ declare! {
     max_new_tokens: u32 = i(256), Kind::Int { min: 1, max: MAX_NEW_TOKENS_LIMIT as i64 }, NextAsk,
         "Default cap on generated tokens per ask.";
     temperature: f32 = d(0.7), Kind::Real(AT_LEAST_0), NextAsk,
-        "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's non-thinking setting.";
+        "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's \
+        non-thinking setting.";
     top_p: f32 = d(0.8), Kind::Real(SHARE), NextAsk,
         "Default nucleus mass.";
     top_k: u32 = i(20), Kind::Int { min: 0, max: 1_000_000 }, NextAsk,
@@ -173,39 +181,61 @@ declare! {
     queue_depth: usize = i(4), Kind::Int { min: 1, max: 1024 }, Restart,
         "Requests held at once, the running one included; one more gets `busy` at once.";
     request_timeout_s: f64 = d(120.0), Kind::Seconds(AT_LEAST_0), NextAsk,
-        "Default time limit of an ask from its arrival (queue wait included), in seconds; 0 = none.";
+        "Default time limit of an ask from its arrival (queue wait included), in seconds; 0 = \
+        none.";
     max_request_images: usize = i(4), Kind::Int { min: 0, max: 64 }, NextAsk,
-        "Most images one ask may send (`images` and `compressed_images` together); more is `invalid_request`.";
+        "Most images one ask may send (`images` and `compressed_images` together); more is \
+        `invalid_request`.";
     max_prompt_bytes: usize = i(65536), Kind::Int { min: 1, max: 1 << 24 }, NextAsk,
-        "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes; longer is `invalid_request`.";
+        "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes; longer is \
+        `invalid_request`.";
     max_stop_strings: usize = i(16), Kind::Int { min: 0, max: 1024 }, NextAsk,
-        "Most `stop` strings of an ask, each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md).";
+        "Most `stop` strings of an ask, each at most 256 bytes; more is `invalid_request`. The \
+        stop filter's cost grows with them (BENCHMARKS.md).";
     max_tools_json_bytes: usize = i(65536), Kind::Int { min: 0, max: 1 << 24 }, NextAsk,
         "Longest `tools_json` of an ask in bytes; longer is `invalid_request`.";
     max_json_schema_bytes: usize = i(16384), Kind::Int { min: 0, max: 1 << 20 }, NextAsk,
-        "Longest `json_schema` of an ask in bytes (0 refuses every schema); longer is `invalid_request`. A schema is compiled before queueing: its cost grows with its size.";
+        "Longest `json_schema` of an ask in bytes (0 refuses every schema); longer is \
+        `invalid_request`. A schema is compiled before queueing: its cost grows with its size.";
     bpu_priority: u8 = i(0), Kind::Int { min: 0, max: 255 }, Restart,
         "BPU task priority.";
     /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
     bpu_timeout as "bpu_timeout_s": Duration = d(30.0), Kind::BpuSeconds, Restart,
-        "Longest wait for one BPU graph call, in seconds (the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70).";
-    prefill_tail: vlm_bpu::PrefillTail = s("auto"), Kind::Choice(&["auto", "stepped", "pads_first", "pads_last"]), Restart,
-        "How a prompt tail runs on the BPU: `auto` (padded when the package sets `prefill_pads` and a calibration at start-up finds the pad layout and marking, cached per package; else stepped), `stepped`, `pads_first`, `pads_last`.";
-    bpu_pool_check: vlm_bpu::PoolCheck = s("warn"), Kind::Choice(&["strict", "warn", "off"]), Restart,
-        "ION pool preflight before loading: `strict` (refuse when the pool is too small or cannot be identified), `warn` (never refuse: warn and load when it looks too small, naming hb_switch_ion.sh, or cannot be identified), `off`.";
+        "Longest wait for one BPU graph call, in seconds (the 4B's longest is ~0.74 s). A call \
+        that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, \
+        and the node exits for a restart (exit code 70).";
+    prefill_tail: vlm_bpu::PrefillTail = s("auto"),
+        Kind::Choice(&["auto", "stepped", "pads_first", "pads_last"]), Restart,
+        "How a prompt tail runs on the BPU: `auto` (padded when the package sets `prefill_pads` \
+        and a calibration at start-up finds the pad layout and marking, cached per package; else \
+        stepped), `stepped`, `pads_first`, `pads_last`.";
+    bpu_pool_check: vlm_bpu::PoolCheck = s("warn"),
+        Kind::Choice(&["strict", "warn", "off"]), Restart,
+        "ION pool preflight before loading: `strict` (refuse when the pool is too small or cannot \
+        be identified), `warn` (never refuse: warn and load when it looks too small, naming \
+        hb_switch_ion.sh, or cannot be identified), `off`.";
     bpu_flush: vlm_bpu::FlushOption = s("auto"), Kind::Choice(&["auto", "range", "whole"]), Restart,
-        "Cache flushes of part of a BPU buffer: `auto` (probed at start; whole buffers when the runtime refuses a range), `range` (refuse to start on such a runtime), `whole` (always whole buffers).";
+        "Cache flushes of part of a BPU buffer: `auto` (probed at start; whole buffers when the \
+        runtime refuses a range), `range` (refuse to start on such a runtime), `whole` (always \
+        whole buffers).";
     prefill_latest_frame: bool = b(true), Kind::Bool, Restart,
-        "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower and prefill it after the system prompt, so an ask about it prefills only its question. Costs up to `prefill_duty` of the BPU on an idle robot.";
+        "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower \
+        and prefill it after the system prompt, so an ask about it prefills only its question. \
+        Costs up to `prefill_duty` of the BPU on an idle robot.";
     /// `None`: the default camera.
     prefill_camera: Option<String> = s(""), Kind::Text, Restart,
         "Camera whose frames are pre-filled; empty = the default camera.";
     prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Restart,
         "Most share of wall time pre-fills keep the BPU busy.";
     prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Restart,
-        "An ask without `max_image_age_s` is served from a pre-filled frame at most this old, in seconds (else from the newest frame).";
+        "An ask without `max_image_age_s` is served from a pre-filled frame at most this old, in \
+        seconds (else from the newest frame).";
     prefill_keep_on_device: bool = b(true), Kind::Bool, Restart,
-        "Keep the completed pre-fill in a third decode cache set on the BPU, so an ask about its frame starts from it without copying the state back, whatever ran since; costs one more cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when that cannot be had the node starts without it. `false`: the state is copied back for each such ask (~65 MB).";
+        "Keep the completed pre-fill in a third decode cache set on the BPU, so an ask about its \
+        frame starts from it without copying the state back, whatever ran since; costs one more \
+        cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when \
+        that cannot be had the node starts without it. `false`: the state is copied back for each \
+        such ask (~65 MB).";
     ask_service: String = s(ASK_SERVICE), Kind::Text, Restart,
         "Name of the Ask service.";
     tokens_topic: String = s(TOKENS_TOPIC), Kind::Text, Restart,
@@ -217,15 +247,19 @@ declare! {
     action_name: String = s(ASK_ACTION), Kind::Text, Restart,
         "Name of the Ask action (`bpu_vlm_msgs/action/Ask`).";
     action_result_timeout_s: f64 = d(900.0), Kind::Seconds(ABOVE_0), Restart,
-        "A finished action goal (its status and result) is kept this long, in seconds, then forgotten, as rcl_action's result timeout.";
+        "A finished action goal (its status and result) is kept this long, in seconds, then \
+        forgotten, as rcl_action's result timeout.";
     diagnostics_period_s: f64 = d(1.0), Kind::Seconds(ABOVE_0), Restart,
         "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds.";
-    session_memory_bytes as "session_memory_mb": usize = i(1024), Kind::Mebibytes { min: 0, max: 1 << 20 }, Restart,
-        "Memory for parked conversations (state snapshots); the least recently used go first. A quarter of it holds the cached system prompts.";
+    session_memory_bytes as "session_memory_mb": usize = i(1024),
+        Kind::Mebibytes { min: 0, max: 1 << 20 }, Restart,
+        "Memory for parked conversations (state snapshots); the least recently used go first. A \
+        quarter of it holds the cached system prompts.";
     session_idle_s: f64 = d(600.0), Kind::Seconds(ABOVE_0), Restart,
         "A conversation unused this long (seconds) is dropped.";
     cache_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
-        "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`.";
+        "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or \
+        `~/.cache/bpu_vlm`.";
 }
 
 /// A parameter that cannot be used.

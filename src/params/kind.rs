@@ -291,19 +291,24 @@ impl Param for Vec<String> {
     }
 }
 
-/// Unsigned integer fields: the declared range fits the type (the defaults test reads every
-/// parameter, so a range that does not is caught there).
+/// Unsigned integer fields: the declared range must fit the type (`declared_ranges_are_enforced`
+/// reads both ends of every range).
 macro_rules! unsigned {
     ($($t:ty),*) => {$(
         impl Param for $t {
-            fn read(name: &'static str, kind: &Kind, v: ParameterValue) -> Result<Self, ParamError> {
+            fn read(
+                name: &'static str,
+                kind: &Kind,
+                v: ParameterValue,
+            ) -> Result<Self, ParamError> {
                 let i = int(name, kind, v)?;
                 let i = if matches!(kind, Kind::Mebibytes { .. }) { i << 20 } else { i };
                 <$t>::try_from(i).map_err(|_| misdeclared(name, kind))
             }
             fn value(&self, kind: &Kind) -> ParameterValue {
                 let i = i64::try_from(*self as u64).unwrap_or(i64::MAX);
-                ParameterValue::Integer(if matches!(kind, Kind::Mebibytes { .. }) { i >> 20 } else { i })
+                let mib = matches!(kind, Kind::Mebibytes { .. });
+                ParameterValue::Integer(if mib { i >> 20 } else { i })
             }
         }
     )*};
