@@ -13,7 +13,7 @@ use r2r::indexmap::IndexMap;
 use r2r::{Parameter, ParameterValue, RosParams};
 
 use crate::panics::{contained, Panic};
-use crate::params::{spec, Apply, ParamError, Params, SPECS};
+use crate::params::{spec, Apply, Kind, ParamError, Params, Spec, SPECS};
 
 /// The current parameters, shared by the parameter services (which replace them) and the
 /// ask path (which takes a snapshot per ask).
@@ -63,25 +63,31 @@ impl Refusal {
     }
 }
 
-/// The description `ros2 param describe` shows: the text of docs/parameters.md (ranges
-/// included) and when a new value takes effect. Built once: r2r keeps descriptions as `&'static str`.
+/// The description `ros2 param describe` shows, rendered from the parameter's declaration:
+/// its text, its accepted values and when a new value takes effect. r2r 0.9.7's describe
+/// service fills only a descriptor's description (and its type, from the value), so the
+/// range and the read-only rule travel in this text rather than in `integer_range`,
+/// `floating_point_range` and `read_only`.
+pub fn description(spec: &Spec) -> String {
+    let values = match (spec.kind, spec.kind.range()) {
+        (_, None) => String::new(),
+        (Kind::Choice(_), Some(names)) => format!(" One of: {names}."),
+        (_, Some(range)) => format!(" Range: {range}."),
+    };
+    let applies = match spec.apply {
+        Apply::NextAsk => "Settable at run time (ros2 param set): applies to the next ask.",
+        Apply::Restart => {
+            "Read at start only: a run-time set is refused; restart the node to change it."
+        }
+    };
+    format!("{}{values} {applies}", spec.description)
+}
+
+/// [`description`] of the `index`th parameter, built once: r2r keeps descriptions as
+/// `&'static str`.
 fn described(index: usize) -> &'static str {
     static TEXTS: OnceLock<Vec<String>> = OnceLock::new();
-    let texts = TEXTS.get_or_init(|| {
-        SPECS
-            .iter()
-            .map(|s| match s.apply {
-                Apply::NextAsk => format!(
-                    "{} Settable at run time (ros2 param set): applies to the next ask.",
-                    s.description
-                ),
-                Apply::Restart => format!(
-                    "{} Read at start only: a run-time set is refused; restart the node to change it.",
-                    s.description
-                ),
-            })
-            .collect()
-    });
+    let texts = TEXTS.get_or_init(|| SPECS.iter().map(description).collect());
     texts.get(index).map_or("", String::as_str)
 }
 
@@ -376,10 +382,25 @@ mod tests {
         assert_eq!(Params::from_values(&dumped).unwrap(), *s.live.snapshot());
     }
 
-    /// The parameter table in docs/parameters.md says for each parameter when a new value
-    /// applies, as the table in `params.rs` decides.
+    /// A declared range or choice reaches `ros2 param describe`.
     #[test]
-    fn the_readme_table_marks_the_run_time_parameters() {
+    fn descriptions_carry_the_declared_values() {
+        for spec in SPECS {
+            let text = description(spec);
+            if let Some(range) = spec.kind.range() {
+                assert!(text.contains(&range), "{}: {text}", spec.name);
+            }
+        }
+        let top_p = spec("top_p").map(description).unwrap();
+        assert!(top_p.contains("Range: (0, 1]."), "{top_p}");
+        let backend = spec("backend").map(description).unwrap();
+        assert!(backend.contains("One of: auto, cpu."), "{backend}");
+    }
+
+    /// The parameter table of docs/parameters.md says for each parameter when a new value applies, as
+    /// the table in `params.rs` decides.
+    #[test]
+    fn the_parameter_table_marks_the_run_time_parameters() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let readme = std::fs::read_to_string(root.join("docs/parameters.md")).unwrap();
         for spec in SPECS {

@@ -1,8 +1,16 @@
-//! The node's parameters: every default is built in (so `vlm_node --ros-args -p name:=value`
-//! works without a params file), values given on the command line or in a params file
-//! override them, and a value of the wrong type or out of range stops the node at start with
-//! a message naming the parameter. `launch/vlm_params.yaml` repeats these defaults and the
-//! parameter table in docs/parameters.md documents them; a test keeps all three in step.
+//! The node's parameters, each declared once (the `declare!` table below): its name,
+//! type, built-in default, accepted values ([`Kind`]), when a new value takes effect
+//! ([`Apply`]) and description. From that one entry come [`SPECS`], the reading and checking
+//! of values ([`Params::from_values`]), the values in force ([`Params::effective`]), the
+//! descriptions `ros2 param describe` shows (`crate::param_server`) and the parameter table of
+//! docs/parameters.md (a test renders it and compares).
+//!
+//! Every default is built in (so `vlm_node --ros-args -p name:=value` works without a params
+//! file), values given on the command line or in a params file override them, and a value of
+//! the wrong type or out of range stops the node at start with a message naming the parameter.
+//! `launch/vlm_params.yaml` repeats these defaults; a test keeps it in step.
+
+mod kind;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -11,12 +19,15 @@ use std::time::{Duration, Instant};
 use r2r::ParameterValue;
 
 use crate::names::{ANSWERS_TOPIC, ASK_ACTION, ASK_SERVICE, CANCEL_SERVICE, TOKENS_TOPIC};
+use kind::Param;
+pub use kind::{closed, Bound, Kind, Span, ABOVE_0, AT_LEAST_0, SHARE};
 
-/// One parameter: name, built-in default, one-line description (docs/parameters.md) and when
-/// a new value takes effect.
+/// One parameter: name, built-in default, accepted values, description (docs/parameters.md)
+/// and when a new value takes effect.
 pub struct Spec {
     pub name: &'static str,
     pub default: fn() -> ParameterValue,
+    pub kind: Kind,
     pub description: &'static str,
     pub apply: Apply,
 }
@@ -29,7 +40,6 @@ pub enum Apply {
     /// Read per ask: `ros2 param set` applies to the next ask.
     NextAsk,
 }
-use Apply::{NextAsk, Restart};
 
 /// The spec of `name`, if it is a parameter of `vlm_node`.
 pub fn spec(name: &str) -> Option<&'static Spec> {
@@ -39,71 +49,217 @@ pub fn spec(name: &str) -> Option<&'static Spec> {
 fn s(v: &str) -> ParameterValue {
     ParameterValue::String(v.to_owned())
 }
+fn b(v: bool) -> ParameterValue {
+    ParameterValue::Bool(v)
+}
+fn i(v: i64) -> ParameterValue {
+    ParameterValue::Integer(v)
+}
+fn d(v: f64) -> ParameterValue {
+    ParameterValue::Double(v)
+}
+fn list(v: &[&str]) -> ParameterValue {
+    ParameterValue::StringArray(v.iter().map(|t| (*t).to_owned()).collect())
+}
 
-/// Every parameter of `vlm_node`, in the order of docs/parameters.md.
-pub const SPECS: &[Spec] = &[
-    Spec { name: "model_dir", default: || s(""), description: "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless `demo_model` is true.", apply: Restart },
-    Spec { name: "demo_model", default: || ParameterValue::Bool(false), description: "With `model_dir` empty, serve the embedded tiny random model on the simulator (random answers: a demo of the path, not a model).", apply: Restart },
-    Spec { name: "backend", default: || s("auto"), description: "`auto` follows the package (simulator containers → simulator, real `.hbm` → board libraries); `cpu` runs an HF checkpoint with crates/qwen35.", apply: Restart },
-    Spec { name: "vision", default: || ParameterValue::Bool(true), description: "Load the vision tower; false = text only (`visual.hbm` is never opened).", apply: Restart },
-    Spec { name: "image_topics", default: || ParameterValue::StringArray(vec!["image_raw".to_owned()]), description: "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty strings are ignored. Relative names resolve in the node's namespace.", apply: Restart },
-    Spec { name: "compressed_image_topics", default: || ParameterValue::StringArray(vec![String::new()]), description: "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot hold an empty list).", apply: Restart },
-    Spec { name: "default_camera", default: || s(""), description: "Camera used when an ask names none; empty = the first image topic (else the first compressed one).", apply: Restart },
-    Spec { name: "camera_qos", default: || s("sensor_data"), description: "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`.", apply: Restart },
-    Spec { name: "max_image_age_s", default: || ParameterValue::Double(0.0), description: "Refuse (`stale_image`) a camera frame older than this, in seconds (>= 0); 0 = no limit.", apply: NextAsk },
-    Spec { name: "system_prompt", default: || s(""), description: "System prompt of fresh conversations; empty = the package's `chat.system`.", apply: NextAsk },
-    Spec { name: "enable_thinking", default: || ParameterValue::Bool(false), description: "Think before answering (`<think>`); off by default on a robot.", apply: NextAsk },
-    Spec { name: "max_new_tokens", default: || ParameterValue::Integer(256), description: "Default cap on generated tokens per ask (1..=32768).", apply: NextAsk },
-    Spec { name: "temperature", default: || ParameterValue::Double(0.7), description: "Default sampling temperature, >= 0 (0 = greedy). Defaults follow the Qwen3.5 model card's non-thinking setting.", apply: NextAsk },
-    Spec { name: "top_p", default: || ParameterValue::Double(0.8), description: "Default nucleus mass in (0, 1].", apply: NextAsk },
-    Spec { name: "top_k", default: || ParameterValue::Integer(20), description: "Default top-k, 0..=1000000 (0 = no limit).", apply: NextAsk },
-    Spec { name: "min_p", default: || ParameterValue::Double(0.0), description: "Default min-p in [0, 1].", apply: NextAsk },
-    Spec { name: "repetition_penalty", default: || ParameterValue::Double(1.0), description: "Default repetition penalty, > 0 (1 = none).", apply: NextAsk },
-    Spec { name: "presence_penalty", default: || ParameterValue::Double(1.5), description: "Default presence penalty in [-100, 100] (0 = none).", apply: NextAsk },
-    Spec { name: "seed", default: || ParameterValue::Integer(-1), description: "Default sampling seed, -1..=9223372036854775807; -1 = a fresh seed per ask.", apply: NextAsk },
-    Spec { name: "queue_depth", default: || ParameterValue::Integer(4), description: "Requests held at once, the running one included (1..=1024); one more gets `busy` at once.", apply: Restart },
-    Spec { name: "request_timeout_s", default: || ParameterValue::Double(120.0), description: "Default time limit of an ask from its arrival (queue wait included), in seconds (>= 0); 0 = none.", apply: NextAsk },
-    Spec { name: "max_request_images", default: || ParameterValue::Integer(4), description: "Most images one ask may send (`images` and `compressed_images` together, 0..=64); more is `invalid_request`.", apply: NextAsk },
-    Spec { name: "max_prompt_bytes", default: || ParameterValue::Integer(65536), description: "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes (1..=16777216); longer is `invalid_request`.", apply: NextAsk },
-    Spec { name: "max_stop_strings", default: || ParameterValue::Integer(16), description: "Most `stop` strings of an ask (0..=1024), each at most 256 bytes; more is `invalid_request`. The stop filter's cost grows with them (BENCHMARKS.md).", apply: NextAsk },
-    Spec { name: "max_tools_json_bytes", default: || ParameterValue::Integer(65536), description: "Longest `tools_json` of an ask in bytes (0..=16777216); longer is `invalid_request`.", apply: NextAsk },
-    Spec { name: "max_json_schema_bytes", default: || ParameterValue::Integer(16384), description: "Longest `json_schema` of an ask in bytes (0..=1048576; 0 refuses every schema); longer is `invalid_request`. A schema is compiled before queueing: its cost grows with its size.", apply: NextAsk },
-    Spec { name: "bpu_priority", default: || ParameterValue::Integer(0), description: "BPU task priority, 0..=255.", apply: Restart },
-    Spec { name: "bpu_timeout_s", default: || ParameterValue::Double(30.0), description: "Longest wait for one BPU graph call, in seconds (> 0; the 4B's longest is ~0.74 s). A call that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, and the node exits for a restart (exit code 70).", apply: Restart },
-    Spec { name: "prefill_tail", default: || s("auto"), description: "How a prompt tail runs on the BPU: auto (padded when the package sets prefill_pads and a calibration at start-up finds the pad layout and marking, cached per package; else stepped), stepped, pads_first, pads_last.", apply: Restart },
-    Spec { name: "bpu_pool_check", default: || s("warn"), description: "ION pool preflight before loading: strict (refuse when the pool is too small or cannot be identified), warn (never refuse: warn and load when it looks too small, naming hb_switch_ion.sh, or cannot be identified), off.", apply: Restart },
-    Spec { name: "bpu_flush", default: || s("auto"), description: "Cache flushes of part of a BPU buffer: auto (probed at start; whole buffers when the runtime refuses a range), range (refuse to start on such a runtime), whole (always whole buffers).", apply: Restart },
-    Spec { name: "prefill_latest_frame", default: || ParameterValue::Bool(true), description: "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower and prefill it after the system prompt, so an ask about it prefills only its question. Costs up to `prefill_duty` of the BPU on an idle robot.", apply: Restart },
-    Spec { name: "prefill_camera", default: || s(""), description: "Camera whose frames are pre-filled; empty = the default camera.", apply: Restart },
-    Spec { name: "prefill_duty", default: || ParameterValue::Double(0.5), description: "Most share of wall time pre-fills keep the BPU busy, in (0, 1].", apply: Restart },
-    Spec { name: "prefill_max_age_s", default: || ParameterValue::Double(10.0), description: "An ask without `max_image_age_s` is served from a pre-filled frame at most this old (else from the newest frame).", apply: Restart },
-    Spec { name: "prefill_keep_on_device", default: || ParameterValue::Bool(true), description: "Keep the completed pre-fill in a third decode cache set on the BPU, so an ask about its frame starts from it without copying the state back, whatever ran since; costs one more cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when that cannot be had the node starts without it. false: the state is copied back for each such ask (~65 MB).", apply: Restart },
-    Spec { name: "ask_service", default: || s(ASK_SERVICE), description: "Name of the Ask service.", apply: Restart },
-    Spec { name: "tokens_topic", default: || s(TOKENS_TOPIC), description: "Topic of streamed Token deltas (reliable, deep history).", apply: Restart },
-    Spec { name: "answers_topic", default: || s(ANSWERS_TOPIC), description: "Topic of finished Answers.", apply: Restart },
-    Spec { name: "cancel_service", default: || s(CANCEL_SERVICE), description: "Name of the Cancel service.", apply: Restart },
-    Spec { name: "action_name", default: || s(ASK_ACTION), description: "Name of the Ask action (bpu_vlm_msgs/action/Ask).", apply: Restart },
-    Spec { name: "action_result_timeout_s", default: || ParameterValue::Double(900.0), description: "A finished action goal (its status and result) is kept this long, in seconds (> 0), then forgotten, as rcl_action's result timeout.", apply: Restart },
-    Spec { name: "diagnostics_period_s", default: || ParameterValue::Double(1.0), description: "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds (> 0).", apply: Restart },
-    Spec { name: "session_memory_mb", default: || ParameterValue::Integer(1024), description: "Memory for parked conversations (state snapshots), 0..=1048576 MiB; the least recently used go first. A quarter of it holds the cached system prompts.", apply: Restart },
-    Spec { name: "session_idle_s", default: || ParameterValue::Double(600.0), description: "A conversation unused this long (seconds, > 0) is dropped.", apply: Restart },
-    Spec { name: "cache_dir", default: || s(""), description: "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or `~/.cache/bpu_vlm`.", apply: Restart },
-];
-
-/// A topic list as a parameter value: an empty list is `[""]`, because ROS YAML cannot hold an
-/// empty list and `ros2 param dump` must write a file the node accepts back.
-fn topic_list(topics: &[String]) -> ParameterValue {
-    if topics.is_empty() {
-        ParameterValue::StringArray(vec![String::new()])
-    } else {
-        ParameterValue::StringArray(topics.to_vec())
+/// The value `name` is given, or its default (also for "not set").
+fn given_or(
+    given: &HashMap<String, ParameterValue>,
+    name: &str,
+    default: fn() -> ParameterValue,
+) -> ParameterValue {
+    match given.get(name) {
+        None | Some(ParameterValue::NotSet) => default(),
+        Some(v) => v.clone(),
     }
 }
 
-/// An `f32` parameter as the double its decimal spelling is (0.7, not 0.699999988079071), so
-/// `ros2 param get` and `dump` show the value as it was written.
-fn f32_value(x: f32) -> ParameterValue {
-    ParameterValue::Double(x.to_string().parse().unwrap_or(f64::from(x)))
+/// A parameter's name: its field's, unless the entry spells it (`field as "name"`).
+macro_rules! param_name {
+    ($field:ident) => {
+        stringify!($field)
+    };
+    ($field:ident, $name:literal) => {
+        $name
+    };
+}
+
+/// Declares every parameter once, as
+/// `field [as "name"]: Type = default, kind, Restart | NextAsk, "description";`,
+/// and derives from the list the [`Params`] struct, [`SPECS`], the reading of each field and
+/// [`Params::effective`]. Adding a parameter is one entry here (and its use).
+macro_rules! declare {
+    ($(
+        $(#[$doc:meta])*
+        $field:ident $(as $name:literal)? : $ty:ty = $default:expr, $kind:expr, $apply:ident,
+            $about:literal;
+    )*) => {
+        /// The typed, validated parameters.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Params {
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        /// Every parameter of `vlm_node`, in the order of docs/parameters.md.
+        pub const SPECS: &[Spec] = &[$(
+            Spec {
+                name: param_name!($field $(, $name)?),
+                default: || $default,
+                kind: $kind,
+                description: $about,
+                apply: Apply::$apply,
+            },
+        )*];
+
+        impl Params {
+            /// Each field from `given` or its default, checked on its own.
+            fn read_each(given: &HashMap<String, ParameterValue>) -> Result<Self, ParamError> {
+                Ok(Self {$(
+                    $field: <$ty as Param>::read(
+                        param_name!($field $(, $name)?),
+                        &$kind,
+                        given_or(given, param_name!($field $(, $name)?), || $default),
+                    )?,
+                )*})
+            }
+
+            /// The values in force, for the node's parameter list, in [`SPECS`] order.
+            pub fn effective(&self) -> Vec<(&'static str, ParameterValue)> {
+                vec![$((param_name!($field $(, $name)?), self.$field.value(&$kind)),)*]
+            }
+        }
+    };
+}
+
+declare! {
+    model_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
+        "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with \
+        `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless \
+        `demo_model` is true.";
+    demo_model: bool = b(false), Kind::Bool, Restart,
+        "With `model_dir` empty, serve the embedded tiny random model on the simulator (random \
+        answers: a demo of the path, not a model).";
+    backend: BackendChoice = s("auto"), Kind::Choice(&["auto", "cpu"]), Restart,
+        "`auto` follows the package (simulator containers → simulator, real `.hbm` → board \
+        libraries); `cpu` runs an HF checkpoint with crates/qwen35.";
+    vision: bool = b(true), Kind::Bool, Restart,
+        "Load the vision tower; `false` = text only (`visual.hbm` is never opened).";
+    image_topics: Vec<String> = list(&["image_raw"]), Kind::Topics, Restart,
+        "sensor_msgs/Image topics to cache (raw encodings, or jpeg/png inside Image). Empty \
+        strings are ignored. Relative names resolve in the node's namespace.";
+    compressed_image_topics: Vec<String> = list(&[""]), Kind::Topics, Restart,
+        "sensor_msgs/CompressedImage topics to cache. Empty strings are ignored (ROS YAML cannot \
+        hold an empty list).";
+    default_camera: Option<String> = s(""), Kind::Text, Restart,
+        "Camera used when an ask names none; empty = the first image topic (else the first \
+        compressed one).";
+    camera_qos: CameraQos = s("sensor_data"), Kind::Choice(&["sensor_data", "reliable"]), Restart,
+        "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`.";
+    max_image_age_s: f64 = d(0.0), Kind::Seconds(AT_LEAST_0), NextAsk,
+        "Refuse (`stale_image`) a camera frame older than this, in seconds; 0 = no limit.";
+    system_prompt: Option<String> = s(""), Kind::Text, NextAsk,
+        "System prompt of fresh conversations; empty = the package's `chat.system`.";
+    enable_thinking: bool = b(false), Kind::Bool, NextAsk,
+        "Think before answering (`<think>`); off by default on a robot.";
+    max_new_tokens: u32 = i(256), Kind::Int { min: 1, max: MAX_NEW_TOKENS_LIMIT as i64 }, NextAsk,
+        "Default cap on generated tokens per ask.";
+    temperature: f32 = d(0.7), Kind::Real(AT_LEAST_0), NextAsk,
+        "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's \
+        non-thinking setting.";
+    top_p: f32 = d(0.8), Kind::Real(SHARE), NextAsk,
+        "Default nucleus mass.";
+    top_k: u32 = i(20), Kind::Int { min: 0, max: 1_000_000 }, NextAsk,
+        "Default top-k (0 = no limit).";
+    min_p: f32 = d(0.0), Kind::Real(closed(0.0, 1.0)), NextAsk,
+        "Default min-p.";
+    repetition_penalty: f32 = d(1.0), Kind::Real(ABOVE_0), NextAsk,
+        "Default repetition penalty (1 = none).";
+    presence_penalty: f32 = d(1.5), Kind::Real(closed(-100.0, 100.0)), NextAsk,
+        "Default presence penalty (0 = none).";
+    seed: Option<u64> = i(-1), Kind::Int { min: -1, max: i64::MAX }, NextAsk,
+        "Default sampling seed; -1 = a fresh seed per ask.";
+    queue_depth: usize = i(4), Kind::Int { min: 1, max: 1024 }, Restart,
+        "Requests held at once, the running one included; one more gets `busy` at once.";
+    request_timeout_s: f64 = d(120.0), Kind::Seconds(AT_LEAST_0), NextAsk,
+        "Default time limit of an ask from its arrival (queue wait included), in seconds; 0 = \
+        none.";
+    max_request_images: usize = i(4), Kind::Int { min: 0, max: 64 }, NextAsk,
+        "Most images one ask may send (`images` and `compressed_images` together); more is \
+        `invalid_request`.";
+    max_prompt_bytes: usize = i(65536), Kind::Int { min: 1, max: 1 << 24 }, NextAsk,
+        "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes; longer is \
+        `invalid_request`.";
+    max_stop_strings: usize = i(16), Kind::Int { min: 0, max: 1024 }, NextAsk,
+        "Most `stop` strings of an ask, each at most 256 bytes; more is `invalid_request`. The \
+        stop filter's cost grows with them (BENCHMARKS.md).";
+    max_tools_json_bytes: usize = i(65536), Kind::Int { min: 0, max: 1 << 24 }, NextAsk,
+        "Longest `tools_json` of an ask in bytes; longer is `invalid_request`.";
+    max_json_schema_bytes: usize = i(16384), Kind::Int { min: 0, max: 1 << 20 }, NextAsk,
+        "Longest `json_schema` of an ask in bytes (0 refuses every schema); longer is \
+        `invalid_request`. A schema is compiled before queueing: its cost grows with its size.";
+    bpu_priority: u8 = i(0), Kind::Int { min: 0, max: 255 }, Restart,
+        "BPU task priority.";
+    /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
+    bpu_timeout as "bpu_timeout_s": Duration = d(30.0), Kind::BpuSeconds, Restart,
+        "Longest wait for one BPU graph call, in seconds (the 4B's longest is ~0.74 s). A call \
+        that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, \
+        and the node exits for a restart (exit code 70).";
+    prefill_tail: vlm_bpu::PrefillTail = s("auto"),
+        Kind::Choice(&["auto", "stepped", "pads_first", "pads_last"]), Restart,
+        "How a prompt tail runs on the BPU: `auto` (padded when the package sets `prefill_pads` \
+        and a calibration at start-up finds the pad layout and marking, cached per package; else \
+        stepped), `stepped`, `pads_first`, `pads_last`.";
+    bpu_pool_check: vlm_bpu::PoolCheck = s("warn"),
+        Kind::Choice(&["strict", "warn", "off"]), Restart,
+        "ION pool preflight before loading: `strict` (refuse when the pool is too small or cannot \
+        be identified), `warn` (never refuse: warn and load when it looks too small, naming \
+        hb_switch_ion.sh, or cannot be identified), `off`.";
+    bpu_flush: vlm_bpu::FlushOption = s("auto"), Kind::Choice(&["auto", "range", "whole"]), Restart,
+        "Cache flushes of part of a BPU buffer: `auto` (probed at start; whole buffers when the \
+        runtime refuses a range), `range` (refuse to start on such a runtime), `whole` (always \
+        whole buffers).";
+    prefill_latest_frame: bool = b(true), Kind::Bool, Restart,
+        "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower \
+        and prefill it after the system prompt, so an ask about it prefills only its question. \
+        Costs up to `prefill_duty` of the BPU on an idle robot.";
+    /// `None`: the default camera.
+    prefill_camera: Option<String> = s(""), Kind::Text, Restart,
+        "Camera whose frames are pre-filled; empty = the default camera.";
+    prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Restart,
+        "Most share of wall time pre-fills keep the BPU busy.";
+    prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Restart,
+        "An ask without `max_image_age_s` is served from a pre-filled frame at most this old, in \
+        seconds (else from the newest frame).";
+    prefill_keep_on_device: bool = b(true), Kind::Bool, Restart,
+        "Keep the completed pre-fill in a third decode cache set on the BPU, so an ask about its \
+        frame starts from it without copying the state back, whatever ran since; costs one more \
+        cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when \
+        that cannot be had the node starts without it. `false`: the state is copied back for each \
+        such ask (~65 MB).";
+    ask_service: String = s(ASK_SERVICE), Kind::Text, Restart,
+        "Name of the Ask service.";
+    tokens_topic: String = s(TOKENS_TOPIC), Kind::Text, Restart,
+        "Topic of streamed Token deltas (reliable, deep history).";
+    answers_topic: String = s(ANSWERS_TOPIC), Kind::Text, Restart,
+        "Topic of finished Answers.";
+    cancel_service: String = s(CANCEL_SERVICE), Kind::Text, Restart,
+        "Name of the Cancel service.";
+    action_name: String = s(ASK_ACTION), Kind::Text, Restart,
+        "Name of the Ask action (`bpu_vlm_msgs/action/Ask`).";
+    action_result_timeout_s: f64 = d(900.0), Kind::Seconds(ABOVE_0), Restart,
+        "A finished action goal (its status and result) is kept this long, in seconds, then \
+        forgotten, as rcl_action's result timeout.";
+    diagnostics_period_s: f64 = d(1.0), Kind::Seconds(ABOVE_0), Restart,
+        "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds.";
+    session_memory_bytes as "session_memory_mb": usize = i(1024),
+        Kind::Mebibytes { min: 0, max: 1 << 20 }, Restart,
+        "Memory for parked conversations (state snapshots); the least recently used go first. A \
+        quarter of it holds the cached system prompts.";
+    session_idle_s: f64 = d(600.0), Kind::Seconds(ABOVE_0), Restart,
+        "A conversation unused this long (seconds) is dropped.";
+    cache_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
+        "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or \
+        `~/.cache/bpu_vlm`.";
 }
 
 /// A parameter that cannot be used.
@@ -126,59 +282,6 @@ pub enum BackendChoice {
 pub enum CameraQos {
     SensorData,
     Reliable,
-}
-
-/// The typed, validated parameters.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Params {
-    pub model_dir: Option<PathBuf>,
-    pub demo_model: bool,
-    pub backend: BackendChoice,
-    pub vision: bool,
-    pub image_topics: Vec<String>,
-    pub compressed_image_topics: Vec<String>,
-    pub default_camera: Option<String>,
-    pub camera_qos: CameraQos,
-    pub max_image_age_s: f64,
-    pub system_prompt: Option<String>,
-    pub enable_thinking: bool,
-    pub max_new_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: u32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub presence_penalty: f32,
-    pub seed: Option<u64>,
-    pub queue_depth: usize,
-    pub request_timeout_s: f64,
-    pub max_request_images: usize,
-    pub max_prompt_bytes: usize,
-    pub max_stop_strings: usize,
-    pub max_tools_json_bytes: usize,
-    pub max_json_schema_bytes: usize,
-    pub bpu_priority: u8,
-    /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
-    pub bpu_timeout: Duration,
-    pub prefill_tail: vlm_bpu::PrefillTail,
-    pub bpu_pool_check: vlm_bpu::PoolCheck,
-    pub bpu_flush: vlm_bpu::FlushOption,
-    pub prefill_latest_frame: bool,
-    /// `None`: the default camera.
-    pub prefill_camera: Option<String>,
-    pub prefill_duty: f64,
-    pub prefill_max_age_s: f64,
-    pub prefill_keep_on_device: bool,
-    pub ask_service: String,
-    pub tokens_topic: String,
-    pub answers_topic: String,
-    pub cancel_service: String,
-    pub action_name: String,
-    pub action_result_timeout_s: f64,
-    pub diagnostics_period_s: f64,
-    pub session_memory_bytes: usize,
-    pub session_idle_s: f64,
-    pub cache_dir: Option<PathBuf>,
 }
 
 /// Where the published 4B package goes on the board (the example in messages and docs).
@@ -215,15 +318,6 @@ pub fn time_limit(secs: f64) -> Result<Option<Duration>, InvalidLimit> {
         .ok_or(InvalidLimit::TooLong(secs))
 }
 
-/// Whether a time parameter may be 0.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Zero {
-    /// 0 = no limit.
-    NoLimit,
-    /// A period or an idle time: 0 makes no sense.
-    Refused,
-}
-
 /// A positive time parameter as a `Duration`; [`Params::from_values`] has checked it, this
 /// keeps a hand-built `Params` from panicking in `Duration::from_secs_f64`.
 fn period(name: &'static str, secs: f64) -> Result<Duration, ParamError> {
@@ -240,253 +334,15 @@ fn period(name: &'static str, secs: f64) -> Result<Duration, ParamError> {
     }
 }
 
-struct Reader<'a> {
-    given: &'a HashMap<String, ParameterValue>,
-}
-
-impl Reader<'_> {
-    fn value(&self, name: &'static str) -> Result<ParameterValue, ParamError> {
-        let spec = SPECS
-            .iter()
-            .find(|s| s.name == name)
-            .ok_or_else(|| ParamError {
-                name,
-                reason: "not a parameter of vlm_node".into(),
-            })?;
-        Ok(match self.given.get(name) {
-            None | Some(ParameterValue::NotSet) => (spec.default)(),
-            Some(v) => v.clone(),
-        })
-    }
-
-    fn bad(name: &'static str, want: &str, got: &ParameterValue) -> ParamError {
-        ParamError {
-            name,
-            reason: format!("expected {want}, got {got:?}"),
-        }
-    }
-
-    fn string(&self, name: &'static str) -> Result<String, ParamError> {
-        match self.value(name)? {
-            ParameterValue::String(s) => Ok(s),
-            v => Err(Self::bad(name, "a string", &v)),
-        }
-    }
-
-    fn opt_string(&self, name: &'static str) -> Result<Option<String>, ParamError> {
-        let v = self.string(name)?;
-        Ok(if v.trim().is_empty() { None } else { Some(v) })
-    }
-
-    fn bool(&self, name: &'static str) -> Result<bool, ParamError> {
-        match self.value(name)? {
-            ParameterValue::Bool(b) => Ok(b),
-            v => Err(Self::bad(name, "a bool", &v)),
-        }
-    }
-
-    fn int(
-        &self,
-        name: &'static str,
-        range: std::ops::RangeInclusive<i64>,
-    ) -> Result<i64, ParamError> {
-        match self.value(name)? {
-            ParameterValue::Integer(i) if range.contains(&i) => Ok(i),
-            ParameterValue::Integer(i) => Err(ParamError {
-                name,
-                reason: format!("{i} is outside {}..={}", range.start(), range.end()),
-            }),
-            v => Err(Self::bad(name, "an integer", &v)),
-        }
-    }
-
-    /// Integers are accepted for doubles (`max_image_age_s: 0` in YAML is an integer).
-    fn double(
-        &self,
-        name: &'static str,
-        ok: impl Fn(f64) -> bool,
-        want: &str,
-    ) -> Result<f64, ParamError> {
-        let x = match self.value(name)? {
-            ParameterValue::Double(d) => d,
-            ParameterValue::Integer(i) => i as f64,
-            v => return Err(Self::bad(name, "a number", &v)),
-        };
-        if x.is_finite() && ok(x) {
-            Ok(x)
-        } else {
-            Err(ParamError {
-                name,
-                reason: format!("{x} is not {want}"),
-            })
-        }
-    }
-
-    /// A double the sampler holds as an `f32`: checked again after the cast, since a finite
-    /// f64 can round to an infinite (1e39) or zero (1e-46) f32 that the range never saw.
-    fn float(
-        &self,
-        name: &'static str,
-        ok: impl Fn(f64) -> bool,
-        want: &str,
-    ) -> Result<f32, ParamError> {
-        let x = self.double(name, &ok, want)?;
-        let f = x as f32;
-        if f.is_finite() && ok(f64::from(f)) {
-            Ok(f)
-        } else {
-            Err(ParamError {
-                name,
-                reason: format!("{x} is {f} as a 32-bit float, which is not {want}"),
-            })
-        }
-    }
-
-    /// A time in seconds that also fits a `Duration` and a deadline ([`time_limit`]).
-    fn seconds(&self, name: &'static str, zero: Zero) -> Result<f64, ParamError> {
-        let (ok, want): (fn(f64) -> bool, _) = match zero {
-            Zero::NoLimit => (|x| x >= 0.0, ">= 0"),
-            Zero::Refused => (|x| x > 0.0, "> 0"),
-        };
-        let x = self.double(name, ok, want)?;
-        time_limit(x).map_err(|e| ParamError {
-            name,
-            reason: e.to_string(),
-        })?;
-        Ok(x)
-    }
-
-    fn topics(&self, name: &'static str) -> Result<Vec<String>, ParamError> {
-        let list = match self.value(name)? {
-            ParameterValue::StringArray(v) => v,
-            ParameterValue::String(s) => vec![s],
-            v => return Err(Self::bad(name, "a list of topic names", &v)),
-        };
-        let mut out: Vec<String> = Vec::new();
-        for t in list
-            .into_iter()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty())
-        {
-            if out.contains(&t) {
-                return Err(ParamError {
-                    name,
-                    reason: format!("topic {t:?} is listed twice"),
-                });
-            }
-            out.push(t);
-        }
-        Ok(out)
-    }
-}
-
 impl Params {
     /// Defaults overridden by `given` (the node's parameters from the command line / file).
     pub fn from_values(given: &HashMap<String, ParameterValue>) -> Result<Self, ParamError> {
         for name in given.keys() {
-            if !SPECS.iter().any(|s| s.name == name) && !name.starts_with("use_sim_time") {
+            if spec(name).is_none() && !name.starts_with("use_sim_time") {
                 tracing::warn!(parameter = %name, "unknown parameter ignored");
             }
         }
-        let r = Reader { given };
-        let backend = match r.string("backend")?.as_str() {
-            "auto" | "" => BackendChoice::Auto,
-            "cpu" => BackendChoice::Cpu,
-            other => {
-                return Err(ParamError {
-                    name: "backend",
-                    reason: format!("{other:?} is not one of auto, cpu"),
-                })
-            }
-        };
-        let camera_qos = match r.string("camera_qos")?.as_str() {
-            "sensor_data" => CameraQos::SensorData,
-            "reliable" => CameraQos::Reliable,
-            other => {
-                return Err(ParamError {
-                    name: "camera_qos",
-                    reason: format!("{other:?} is not one of sensor_data, reliable"),
-                })
-            }
-        };
-        let unit = |x: f64| (0.0..=1.0).contains(&x);
-        let bpu_timeout = r.double("bpu_timeout_s", |_| true, "a finite number")?;
-        let bpu_timeout = vlm_bpu::timeout_from_secs(bpu_timeout).map_err(|reason| ParamError {
-            name: "bpu_timeout_s",
-            reason,
-        })?;
-        let prefill_tail = r
-            .string("prefill_tail")?
-            .parse()
-            .map_err(|reason| ParamError {
-                name: "prefill_tail",
-                reason,
-            })?;
-        let bpu_pool_check = r
-            .string("bpu_pool_check")?
-            .parse()
-            .map_err(|reason| ParamError {
-                name: "bpu_pool_check",
-                reason,
-            })?;
-        let p = Self {
-            model_dir: r.opt_string("model_dir")?.map(PathBuf::from),
-            demo_model: r.bool("demo_model")?,
-            backend,
-            vision: r.bool("vision")?,
-            image_topics: r.topics("image_topics")?,
-            compressed_image_topics: r.topics("compressed_image_topics")?,
-            default_camera: r.opt_string("default_camera")?,
-            camera_qos,
-            max_image_age_s: r.seconds("max_image_age_s", Zero::NoLimit)?,
-            system_prompt: r.opt_string("system_prompt")?,
-            enable_thinking: r.bool("enable_thinking")?,
-            max_new_tokens: r.int("max_new_tokens", 1..=i64::from(MAX_NEW_TOKENS_LIMIT))? as u32,
-            temperature: r.float("temperature", |x| x >= 0.0, ">= 0")?,
-            top_p: r.float("top_p", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?,
-            top_k: r.int("top_k", 0..=1_000_000)? as u32,
-            min_p: r.float("min_p", unit, "in [0, 1]")?,
-            repetition_penalty: r.float("repetition_penalty", |x| x > 0.0, "> 0")?,
-            presence_penalty: r.float(
-                "presence_penalty",
-                |x| x.abs() <= 100.0,
-                "in [-100, 100]",
-            )?,
-            seed: u64::try_from(r.int("seed", -1..=i64::MAX)?).ok(),
-            queue_depth: r.int("queue_depth", 1..=1024)? as usize,
-            request_timeout_s: r.seconds("request_timeout_s", Zero::NoLimit)?,
-            max_request_images: r.int("max_request_images", 0..=64)? as usize,
-            max_prompt_bytes: r.int("max_prompt_bytes", 1..=1 << 24)? as usize,
-            max_stop_strings: r.int("max_stop_strings", 0..=1024)? as usize,
-            max_tools_json_bytes: r.int("max_tools_json_bytes", 0..=1 << 24)? as usize,
-            max_json_schema_bytes: r.int("max_json_schema_bytes", 0..=1 << 20)? as usize,
-            bpu_priority: r.int("bpu_priority", 0..=255)? as u8,
-            prefill_tail,
-            bpu_pool_check,
-            bpu_flush: r
-                .string("bpu_flush")?
-                .parse()
-                .map_err(|reason| ParamError {
-                    name: "bpu_flush",
-                    reason,
-                })?,
-            prefill_latest_frame: r.bool("prefill_latest_frame")?,
-            prefill_camera: r.opt_string("prefill_camera")?,
-            prefill_duty: r.double("prefill_duty", |x| x > 0.0 && x <= 1.0, "in (0, 1]")?,
-            prefill_max_age_s: r.double("prefill_max_age_s", |x| x >= 0.0, ">= 0")?,
-            prefill_keep_on_device: r.bool("prefill_keep_on_device")?,
-            bpu_timeout,
-            ask_service: r.string("ask_service")?,
-            tokens_topic: r.string("tokens_topic")?,
-            answers_topic: r.string("answers_topic")?,
-            cancel_service: r.string("cancel_service")?,
-            action_name: r.string("action_name")?,
-            action_result_timeout_s: r.seconds("action_result_timeout_s", Zero::Refused)?,
-            diagnostics_period_s: r.seconds("diagnostics_period_s", Zero::Refused)?,
-            session_memory_bytes: (r.int("session_memory_mb", 0..=1 << 20)? as usize) << 20,
-            session_idle_s: r.seconds("session_idle_s", Zero::Refused)?,
-            cache_dir: r.opt_string("cache_dir")?.map(PathBuf::from),
-        };
+        let p = Self::read_each(given)?;
         for (name, cam) in [
             ("default_camera", &p.default_camera),
             ("prefill_camera", &p.prefill_camera),
@@ -575,145 +431,14 @@ impl Params {
                 .cloned()
         })
     }
-
-    /// The effective values, for the node's parameter list.
-    pub fn effective(&self) -> Vec<(&'static str, ParameterValue)> {
-        let st = |v: &Option<String>| s(v.as_deref().unwrap_or(""));
-        let path = |v: &Option<PathBuf>| {
-            s(&v.as_ref()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default())
-        };
-        vec![
-            ("model_dir", path(&self.model_dir)),
-            ("demo_model", ParameterValue::Bool(self.demo_model)),
-            (
-                "backend",
-                s(match self.backend {
-                    BackendChoice::Auto => "auto",
-                    BackendChoice::Cpu => "cpu",
-                }),
-            ),
-            ("vision", ParameterValue::Bool(self.vision)),
-            ("image_topics", topic_list(&self.image_topics)),
-            (
-                "compressed_image_topics",
-                topic_list(&self.compressed_image_topics),
-            ),
-            ("default_camera", st(&self.default_camera)),
-            (
-                "camera_qos",
-                s(match self.camera_qos {
-                    CameraQos::SensorData => "sensor_data",
-                    CameraQos::Reliable => "reliable",
-                }),
-            ),
-            (
-                "max_image_age_s",
-                ParameterValue::Double(self.max_image_age_s),
-            ),
-            ("system_prompt", st(&self.system_prompt)),
-            (
-                "enable_thinking",
-                ParameterValue::Bool(self.enable_thinking),
-            ),
-            (
-                "max_new_tokens",
-                ParameterValue::Integer(i64::from(self.max_new_tokens)),
-            ),
-            ("temperature", f32_value(self.temperature)),
-            ("top_p", f32_value(self.top_p)),
-            ("top_k", ParameterValue::Integer(i64::from(self.top_k))),
-            ("min_p", f32_value(self.min_p)),
-            ("repetition_penalty", f32_value(self.repetition_penalty)),
-            ("presence_penalty", f32_value(self.presence_penalty)),
-            (
-                "seed",
-                ParameterValue::Integer(
-                    self.seed.and_then(|x| i64::try_from(x).ok()).unwrap_or(-1),
-                ),
-            ),
-            (
-                "queue_depth",
-                ParameterValue::Integer(self.queue_depth as i64),
-            ),
-            (
-                "request_timeout_s",
-                ParameterValue::Double(self.request_timeout_s),
-            ),
-            (
-                "max_request_images",
-                ParameterValue::Integer(self.max_request_images as i64),
-            ),
-            (
-                "max_prompt_bytes",
-                ParameterValue::Integer(self.max_prompt_bytes as i64),
-            ),
-            (
-                "max_stop_strings",
-                ParameterValue::Integer(self.max_stop_strings as i64),
-            ),
-            (
-                "max_tools_json_bytes",
-                ParameterValue::Integer(self.max_tools_json_bytes as i64),
-            ),
-            (
-                "max_json_schema_bytes",
-                ParameterValue::Integer(self.max_json_schema_bytes as i64),
-            ),
-            (
-                "bpu_priority",
-                ParameterValue::Integer(i64::from(self.bpu_priority)),
-            ),
-            (
-                "bpu_timeout_s",
-                ParameterValue::Double(self.bpu_timeout.as_secs_f64()),
-            ),
-            ("prefill_tail", s(self.prefill_tail.as_str())),
-            ("bpu_pool_check", s(self.bpu_pool_check.as_str())),
-            ("bpu_flush", s(self.bpu_flush.as_str())),
-            (
-                "prefill_latest_frame",
-                ParameterValue::Bool(self.prefill_latest_frame),
-            ),
-            ("prefill_camera", st(&self.prefill_camera)),
-            ("prefill_duty", ParameterValue::Double(self.prefill_duty)),
-            (
-                "prefill_max_age_s",
-                ParameterValue::Double(self.prefill_max_age_s),
-            ),
-            (
-                "prefill_keep_on_device",
-                ParameterValue::Bool(self.prefill_keep_on_device),
-            ),
-            ("ask_service", s(&self.ask_service)),
-            ("tokens_topic", s(&self.tokens_topic)),
-            ("answers_topic", s(&self.answers_topic)),
-            ("cancel_service", s(&self.cancel_service)),
-            ("action_name", s(&self.action_name)),
-            (
-                "action_result_timeout_s",
-                ParameterValue::Double(self.action_result_timeout_s),
-            ),
-            (
-                "diagnostics_period_s",
-                ParameterValue::Double(self.diagnostics_period_s),
-            ),
-            (
-                "session_memory_mb",
-                ParameterValue::Integer((self.session_memory_bytes >> 20) as i64),
-            ),
-            (
-                "session_idle_s",
-                ParameterValue::Double(self.session_idle_s),
-            ),
-            ("cache_dir", path(&self.cache_dir)),
-        ]
-    }
 }
 
 #[cfg(test)]
+mod table;
+
+#[cfg(test)]
 mod tests {
+    use super::table::spelled;
     use super::*;
 
     #[test]
@@ -940,26 +665,8 @@ mod tests {
         }
     }
 
-    /// The value as the YAML file and the table in docs/parameters.md spell it.
-    fn spelled(v: &ParameterValue) -> String {
-        match v {
-            ParameterValue::Bool(b) => b.to_string(),
-            ParameterValue::Integer(i) => i.to_string(),
-            ParameterValue::Double(d) => format!("{d:?}"),
-            ParameterValue::String(s) => format!("{s:?}"),
-            ParameterValue::StringArray(a) => format!(
-                "[{}]",
-                a.iter()
-                    .map(|s| format!("{s:?}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-            other => format!("{other:?}"),
-        }
-    }
-
     #[test]
-    fn params_file_and_readme_repeat_the_built_in_defaults() {
+    fn params_file_and_parameter_table_repeat_the_built_in_defaults() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let yaml = std::fs::read_to_string(root.join("launch/vlm_params.yaml")).unwrap();
         let readme = std::fs::read_to_string(root.join("docs/parameters.md")).unwrap();
@@ -982,8 +689,71 @@ mod tests {
             let row = format!("| `{}` | `{}` |", spec.name, want);
             assert!(
                 readme.contains(&row),
-                "docs/parameters.md parameter table lacks {row}"
+                "docs/parameters.md's parameter table lacks {row}"
             );
+        }
+    }
+
+    /// The names a choice declares are the ones its type reads and writes back.
+    #[test]
+    fn declared_choices_are_the_accepted_names() {
+        for spec in SPECS {
+            let Kind::Choice(names) = spec.kind else {
+                continue;
+            };
+            for name in names {
+                // `backend: cpu` needs a checkpoint folder.
+                let given = HashMap::from([
+                    (spec.name.to_owned(), s(name)),
+                    ("model_dir".to_owned(), s("/m")),
+                ]);
+                let p = Params::from_values(&given).unwrap_or_else(|e| panic!("{e}"));
+                let back = p.effective().into_iter().find(|(n, _)| *n == spec.name);
+                assert_eq!(back, Some((spec.name, s(name))));
+            }
+            let given = HashMap::from([(spec.name.to_owned(), s("no_such_choice"))]);
+            assert_eq!(Params::from_values(&given).unwrap_err().name, spec.name);
+        }
+    }
+
+    /// Every declared range is the one enforced: just outside either end is refused with the
+    /// range in the message, each end itself is accepted.
+    #[test]
+    fn declared_ranges_are_enforced() {
+        let refused = |name: &str, v: ParameterValue, range: &str| {
+            let given = HashMap::from([(name.to_owned(), v.clone())]);
+            let e = Params::from_values(&given).unwrap_err();
+            assert_eq!(e.name, name, "{v:?}");
+            assert!(e.reason.contains(range), "{name} = {v:?}: {e}");
+        };
+        for spec in SPECS {
+            match spec.kind {
+                Kind::Int { min, max } | Kind::Mebibytes { min, max } => {
+                    let range = format!("{min}..={max}");
+                    refused(spec.name, i(min - 1), &range);
+                    if let Some(above) = max.checked_add(1) {
+                        refused(spec.name, i(above), &range);
+                    }
+                    for end in [min, max] {
+                        let given = HashMap::from([(spec.name.to_owned(), i(end))]);
+                        let p = Params::from_values(&given).unwrap_or_else(|e| panic!("{e}"));
+                        let back = p.effective().into_iter().find(|(n, _)| *n == spec.name);
+                        assert_eq!(back, Some((spec.name, i(end))));
+                    }
+                }
+                Kind::Real(span) | Kind::Seconds(span) => {
+                    let below = match span.lo {
+                        Bound::Incl(x) => x - 0.5,
+                        Bound::Excl(x) => x,
+                        Bound::None => f64::NAN,
+                    };
+                    refused(spec.name, d(below), &span.to_string());
+                    if let Bound::Incl(x) | Bound::Excl(x) = span.hi {
+                        refused(spec.name, d(x + 0.5), &span.to_string());
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }
