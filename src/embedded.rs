@@ -72,7 +72,7 @@ pub fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
 }
 
 /// Folder name of the package for this build's files and container version.
-pub fn package_key() -> String {
+pub(crate) fn package_key() -> String {
     // FNV-style hashing through std's SipHash with fixed keys is stable within a toolchain;
     // a different toolchain at worst rebuilds the package once.
     let mut h = std::collections::hash_map::DefaultHasher::new();
