@@ -179,30 +179,15 @@ pub async fn run(
         },
         compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
     });
-    let services = Services::default();
-    let (services, result) = match loaded {
-        Some(Ok(l)) => {
-            serve_until_stopped(
-                services,
-                &l,
-                &params,
-                &ops,
-                &ask_ctx,
-                action_result_timeout,
-                &mut shutdown,
-            )
-            .await?
-        }
-        Some(Err(e)) if e.runtime => (services, Err(NodeError::Failed(e.message))),
-        Some(Err(e)) => {
-            tracing::error!("the model could not be loaded: {}", e.message);
-            (services, Err(NodeError::Model(e.message)))
-        }
-        None => {
-            tracing::info!("shutdown requested while loading");
-            (services, Ok(()))
-        }
-    };
+    let (services, result) = serve_until_stopped(
+        loaded,
+        &params,
+        &ops,
+        &ask_ctx,
+        action_result_timeout,
+        &mut shutdown,
+    )
+    .await?;
 
     if fatal::reason().is_some() {
         last_word(&diag, params.bpu_timeout);
@@ -456,18 +441,30 @@ struct Services {
     action: Option<AskActionServer>,
 }
 
-/// Creates `/ask` and the action (only now, so a client that sees them can be answered) and
-/// serves until `shutdown` or a runtime failure. `Err`: they could not be created, and the
-/// node stops at once.
+/// Once the model is loaded: creates `/ask` and the action (only now, so a client that sees
+/// them can be answered) and serves until `shutdown` or a runtime failure. Otherwise says
+/// why the node stops. `Err`: the servers could not be created, and the node stops at once.
 async fn serve_until_stopped(
-    mut services: Services,
-    loaded: &worker::Loaded,
+    loaded: Option<Ready>,
     params: &Params,
     ops: &NodeOps,
     ask_ctx: &Arc<AskContext>,
     action_result_timeout: Duration,
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<(Services, Result<(), NodeError>), NodeError> {
+    let mut services = Services::default();
+    let loaded = match loaded {
+        Some(Ok(l)) => l,
+        Some(Err(e)) if e.runtime => return Ok((services, Err(NodeError::Failed(e.message)))),
+        Some(Err(e)) => {
+            tracing::error!("the model could not be loaded: {}", e.message);
+            return Ok((services, Err(NodeError::Model(e.message))));
+        }
+        None => {
+            tracing::info!("shutdown requested while loading");
+            return Ok((services, Ok(())));
+        }
+    };
     create_services(&mut services, params, ops, ask_ctx, action_result_timeout).await?;
     tracing::info!(
         tokens = %params.tokens_topic,
