@@ -17,7 +17,7 @@ use r2r::Publisher;
 use crate::health::{self, NulWatch, Observed};
 use crate::process::fatal;
 use crate::process::test_hooks::{self, Site};
-use crate::ros::clock;
+use crate::ros::clock::RosClock;
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::time_limit;
 use crate::ros::spin::NodeOps;
@@ -50,6 +50,7 @@ pub(crate) struct Diagnostics {
     pub(crate) name: String,
     /// The board the node runs on ([`health::board`]), for the hardware id.
     pub(crate) board: String,
+    pub(crate) clock: RosClock,
     pub(crate) publisher: Publisher<DiagnosticArray>,
     pub stats: SharedStats,
     pub registry: Arc<Registry>,
@@ -192,7 +193,7 @@ fn stale_default(
 pub(crate) fn publish(d: &Diagnostics, nuls: &mut NulWatch) {
     let msg = DiagnosticArray {
         header: Header {
-            stamp: clock::now(),
+            stamp: d.clock.now(),
             frame_id: String::new(),
         },
         status: vec![status(d, nuls)],

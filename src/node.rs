@@ -40,7 +40,7 @@ use crate::request::ask_action::{self, AskActionServer};
 use crate::request::ask_server::AskServer;
 use crate::request::structured;
 use crate::ros::cameras::{self, CameraMsg};
-use crate::ros::clock;
+use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::names::{self, NODE_NAME};
 use crate::ros::param_server::{LiveParams, ParamServer};
 use crate::ros::params::Params;
@@ -126,7 +126,7 @@ pub async fn run(
     let params = read_params(&mut node)?;
     // Asks read a snapshot of these; `ros2 param set` replaces it.
     let live = LiveParams::new(params.clone());
-    let (mut tasks, _param_events) = serve_parameters(&mut node, &live)?;
+    let (mut tasks, clock, _param_events) = serve_parameters(&mut node, &live)?;
     let diagnostics_period = params.diagnostics_period()?;
     let session_idle = params.session_idle()?;
     let action_result_timeout = params.action_result_timeout()?;
@@ -141,6 +141,7 @@ pub async fn run(
     let diag = Diagnostics {
         name: diagnostics::status_name(&names::full_name(&namespace, NODE_NAME)),
         board: crate::health::board(),
+        clock: clock.clone(),
         publisher: publishers.diagnostics,
         stats: stats.clone(),
         registry: registry.clone(),
@@ -156,6 +157,7 @@ pub async fn run(
     let outputs = Outputs {
         tokens: Box::new(publishers.tokens),
         answers: Box::new(publishers.answers),
+        clock: clock.clone(),
     };
     let worker = start_worker(
         &params,
@@ -178,6 +180,7 @@ pub async fn run(
             _ => None,
         },
         compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+        clock,
     });
     let (services, result) = serve_until_stopped(
         loaded,
@@ -232,11 +235,12 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
 
 /// The parameter services over `live`, and the node's clock: under `use_sim_time`, `/clock`
 /// is followed from before anything is published, so no stamp mixes the two clocks. Returns
-/// the tasks that serve them and r2r's parameter event stream, which must outlive the node.
+/// the tasks that serve them, the clock, and r2r's parameter event stream, which must
+/// outlive the node.
 fn serve_parameters(
     node: &mut r2r::Node,
     live: &LiveParams,
-) -> Result<(Vec<tokio::task::JoinHandle<()>>, impl Sized), NodeError> {
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, RosClock, impl Sized), NodeError> {
     let sim_time = {
         let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
         clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
@@ -248,19 +252,22 @@ fn serve_parameters(
         node.make_derived_parameter_handler(server),
     )?;
     let mut tasks = vec![tokio::spawn(param_services)];
-    if sim_time {
-        clock::enable_sim_time();
+    let clock = if sim_time {
+        let clock = RosClock::simulated();
         let sim_clock = ros(
-            || format!("subscribe to {}", clock::CLOCK_TOPIC),
+            || format!("subscribe to {}", CLOCK_TOPIC),
             node.subscribe::<r2r::rosgraph_msgs::msg::Clock>(
-                clock::CLOCK_TOPIC,
+                CLOCK_TOPIC,
                 QosProfile::default().best_effort().keep_last(1),
             ),
         )?;
-        tasks.push(tokio::spawn(clock::follow(sim_clock)));
-    }
+        tasks.push(tokio::spawn(clock.clone().follow(sim_clock)));
+        clock
+    } else {
+        RosClock::default()
+    };
     tracing::info!(sim_time, "stamps come from the node's ROS time");
-    Ok((tasks, events))
+    Ok((tasks, clock, events))
 }
 
 /// The node's publishers.

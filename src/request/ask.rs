@@ -14,6 +14,7 @@ use crate::interface::ErrorCode;
 use crate::msgs::srv::{Ask, Cancel};
 use crate::request::plan::plan_async;
 use crate::request::structured;
+use crate::ros::clock::RosClock;
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::Params;
 use crate::serve::failure::Failure;
@@ -36,6 +37,8 @@ pub struct AskContext {
     pub(crate) schemas: Option<Arc<JsonSchemas>>,
     /// Permits to compile a schema ([`structured::COMPILES_AT_ONCE`]).
     pub(crate) compiles: tokio::sync::Semaphore,
+    /// Stamps what the ask path publishes itself (an action goal's acceptance).
+    pub(crate) clock: RosClock,
 }
 
 impl AskContext {
@@ -55,6 +58,7 @@ impl AskContext {
             jobs: std::sync::Mutex::new(None),
             schemas,
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+            clock: RosClock::default(),
         }
     }
 

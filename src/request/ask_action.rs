@@ -36,7 +36,6 @@ use crate::msgs::action::Ask as AskAction;
 use crate::msgs::srv::Ask;
 use crate::request::ask::{AskContext, GoalHooks};
 use crate::request::ask_server::answer_contained;
-use crate::ros::clock;
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 use crate::serve::token_sink::GoalFeedback;
@@ -242,7 +241,7 @@ fn accept(
     ctx: &Arc<AskContext>,
 ) -> Option<(GoalId, Arc<AtomicBool>, GoalTask)> {
     let msg = std::mem::take(&mut req.message);
-    let stamp = clock::now();
+    let stamp = ctx.clock.now();
     let accepted = goals.accept(&msg.goal_id.uuid, stamp.clone());
     if let Err(error) = &accepted {
         tracing::warn!(%error, "action goal rejected");

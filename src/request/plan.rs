@@ -354,6 +354,7 @@ mod tests {
             jobs: std::sync::Mutex::new(None),
             schemas: Some(Arc::new(JsonSchemas::new(tokenizer, 640))),
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+            clock: Default::default(),
         }
     }
 

@@ -8,7 +8,7 @@
 //! script emits when it generates bindings, not when it reuses cached ones, so it comes and
 //! goes between builds.
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use camera_frame::Stamp;
@@ -22,10 +22,6 @@ use crate::ros::params::ParamError;
 /// The topic of simulated time (global by convention).
 pub(crate) const CLOCK_TOPIC: &str = "/clock";
 
-/// The latest simulated time, once `use_sim_time` is on; a process runs one node, and every
-/// publisher (worker, ask tasks, diagnostics) stamps from it without being handed the node.
-static SIM_TIME: OnceLock<Mutex<Time>> = OnceLock::new();
-
 /// The parameter `use_sim_time` as given (absent = false).
 pub(crate) fn use_sim_time(given: Option<&ParameterValue>) -> Result<bool, ParamError> {
     match given {
@@ -38,27 +34,39 @@ pub(crate) fn use_sim_time(given: Option<&ParameterValue>) -> Result<bool, Param
     }
 }
 
-/// Switches stamps to simulated time (zero until the first `/clock` message).
-pub(crate) fn enable_sim_time() {
-    SIM_TIME.get_or_init(|| Mutex::new(Time::default()));
+/// The node's ROS time, cloned into everything that stamps a message (the worker, the
+/// action's goals, diagnostics): the system clock, or under `use_sim_time` the last `/clock`
+/// message (zero until the first).
+#[derive(Clone, Default)]
+pub(crate) struct RosClock {
+    /// The latest simulated time; `None`: the system clock.
+    sim: Option<Arc<Mutex<Time>>>,
 }
 
-/// Follows `/clock` until the subscription ends (node shut down). A bag replayed in a loop
-/// sends time backwards; that is taken as it comes, as rcl does.
-pub(crate) async fn follow(mut clock: impl Stream<Item = Clock> + Unpin) {
-    enable_sim_time();
-    while let Some(msg) = clock.next().await {
-        if let Some(t) = SIM_TIME.get() {
-            *t.lock().unwrap_or_else(PoisonError::into_inner) = msg.clock;
+impl RosClock {
+    /// A clock of simulated time, zero until [`RosClock::follow`] gets a `/clock` message.
+    pub(crate) fn simulated() -> Self {
+        Self {
+            sim: Some(Arc::new(Mutex::new(Time::default()))),
         }
     }
-}
 
-/// The node's ROS time now.
-pub(crate) fn now() -> Time {
-    match SIM_TIME.get() {
-        Some(t) => t.lock().unwrap_or_else(PoisonError::into_inner).clone(),
-        None => system_now(),
+    /// Follows `/clock` until the subscription ends (node shut down). A bag replayed in a
+    /// loop sends time backwards; that is taken as it comes, as rcl does.
+    pub(crate) async fn follow(self, mut clock: impl Stream<Item = Clock> + Unpin) {
+        while let Some(msg) = clock.next().await {
+            if let Some(t) = &self.sim {
+                *t.lock().unwrap_or_else(PoisonError::into_inner) = msg.clock;
+            }
+        }
+    }
+
+    /// The node's ROS time now.
+    pub(crate) fn now(&self) -> Time {
+        match &self.sim {
+            Some(t) => t.lock().unwrap_or_else(PoisonError::into_inner).clone(),
+            None => system_now(),
+        }
     }
 }
 
@@ -92,5 +100,19 @@ mod tests {
         assert!(use_sim_time(Some(&ParameterValue::Bool(true))).unwrap());
         let e = use_sim_time(Some(&ParameterValue::String("yes".into()))).unwrap_err();
         assert_eq!(e.name, "use_sim_time");
+    }
+
+    #[test]
+    fn a_simulated_clock_is_zero_until_clock_then_follows_it() {
+        let sim = RosClock::simulated();
+        assert_eq!(sim.now(), Time::default());
+        let t = Time {
+            sec: 42,
+            nanosec: 7,
+        };
+        let msgs = futures::stream::iter([Clock { clock: t.clone() }]);
+        futures::executor::block_on(sim.clone().follow(msgs));
+        assert_eq!(sim.now(), t);
+        assert!(RosClock::default().now().sec > 0, "the system clock");
     }
 }

@@ -9,6 +9,7 @@ use vlm::stream::FinishReason;
 use crate::interface::ErrorCode;
 use crate::msgs::msg::{Answer, Token};
 use crate::process::panics::{contained, Panic};
+use crate::ros::clock::RosClock;
 use crate::ros::publish::Publish;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Job, JobPlan};
@@ -20,6 +21,8 @@ use crate::serve::token_sink::TokenSink;
 pub(crate) struct Outputs {
     pub tokens: Box<dyn Publish<Token>>,
     pub answers: Box<dyn Publish<Answer>>,
+    /// Stamps the Tokens and the Answer.
+    pub clock: RosClock,
 }
 
 /// How serving one job went.
@@ -47,8 +50,8 @@ pub(crate) fn serve(
         feedback,
     } = job;
     let origin = plan.images.origin();
-    let mut sink =
-        TokenSink::new(&*outputs.tokens, &id, &origin.frame_id).with_feedback(feedback.as_ref());
+    let mut sink = TokenSink::new(&*outputs.tokens, &outputs.clock, &id, &origin.frame_id)
+        .with_feedback(feedback.as_ref());
     let mut answered = false;
     let run = contained(|| {
         let result = generate(&mut plan, &mut sink);
@@ -93,7 +96,10 @@ fn send_messages(
     sink.finish(outcome.finish_reason());
     record_timings(stats, outcome);
     if !*answered {
-        if let Err(e) = outputs.answers.publish(&outcome.answer()) {
+        if let Err(e) = outputs
+            .answers
+            .publish(&outcome.answer(outputs.clock.now()))
+        {
             tracing::warn!(error = %e, "could not publish the Answer");
         }
         *answered = true;
@@ -180,6 +186,7 @@ mod tests {
             outputs: Outputs {
                 tokens: Box::new(Shared(tokens.clone())),
                 answers: Box::new(Shared(answers.clone())),
+                clock: RosClock::default(),
             },
             tokens,
             answers,

@@ -5,6 +5,7 @@
 //! file, and error codes and finish reasons become strings only here. Every string is made
 //! safe for r2r once, when the outcome is built ([`crate::ros::text`]).
 
+use r2r::builtin_interfaces::msg::Time;
 use r2r::std_msgs::msg::Header;
 use serde_json::Value;
 use vlm::stream::{Completion, FinishReason};
@@ -147,12 +148,12 @@ impl Outcome {
         &self.figures
     }
 
-    /// The message for `/vlm/answers`, stamped now.
-    pub(crate) fn answer(&self) -> Answer {
+    /// The message for `/vlm/answers`, stamped `stamp` (now).
+    pub(crate) fn answer(&self, stamp: Time) -> Answer {
         let f = self.figures.clone();
         Answer {
             header: Header {
-                stamp: clock::now(),
+                stamp,
                 frame_id: self.origin.frame_id.clone(),
             },
             request_id: self.request_id.clone(),
@@ -290,7 +291,7 @@ mod tests {
     #[test]
     fn answer_and_response_carry_the_same_outcome() {
         let o = outcome(Ok(completion(FinishReason::Stop)));
-        let (a, r) = (o.answer(), o.response());
+        let (a, r) = (o.answer(Time::default()), o.response());
         assert!(r.success && o.succeeded());
         assert_eq!((r.error_code.as_str(), r.error_message.as_str()), ("", ""));
         assert_eq!(
@@ -333,7 +334,7 @@ mod tests {
         assert_eq!(r.answer, "an apple");
         let o = outcome(Ok(completion(FinishReason::Timeout)));
         assert_eq!(o.failure().map(|f| f.code), Some(ErrorCode::Timeout));
-        assert_eq!(o.answer().finish_reason, "timeout");
+        assert_eq!(o.answer(Time::default()).finish_reason, "timeout");
     }
 
     #[test]
@@ -346,7 +347,7 @@ mod tests {
         ] {
             let o = outcome(Err(Failure::new(code, "why")));
             assert_eq!(o.finish_reason(), finish);
-            let (a, r) = (o.answer(), o.response());
+            let (a, r) = (o.answer(Time::default()), o.response());
             assert_eq!(
                 (r.error_code.as_str(), r.error_message.as_str()),
                 (code.as_str(), "why")
@@ -365,7 +366,7 @@ mod tests {
         c.text = "a\0b".into();
         c.reasoning = "\0".into();
         let o = outcome(Ok(c));
-        let (a, r) = (o.answer(), o.response());
+        let (a, r) = (o.answer(Time::default()), o.response());
         assert_eq!(
             (a.answer.as_str(), r.answer.as_str()),
             ("a\u{FFFD}b", "a\u{FFFD}b")
@@ -399,7 +400,7 @@ mod tests {
             )
         };
         let o = cut(true, FinishReason::Length);
-        let (a, r) = (o.answer(), o.response());
+        let (a, r) = (o.answer(Time::default()), o.response());
         assert!(!r.success);
         assert_eq!(
             (r.error_code.as_str(), r.finish_reason.as_str()),

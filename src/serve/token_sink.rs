@@ -9,12 +9,13 @@ use vlm::stream::FinishReason;
 
 use crate::msgs::action::Ask as AskAction;
 use crate::msgs::msg::Token;
-use crate::ros::clock;
+use crate::ros::clock::RosClock;
 use crate::ros::publish::Publish;
 use crate::ros::text::{ros_text, ros_text_uncounted};
 
 pub(crate) struct TokenSink<'a> {
     publisher: &'a dyn Publish<Token>,
+    clock: &'a RosClock,
     request_id: &'a str,
     /// The image source, as the Answer's header names it.
     frame_id: &'a str,
@@ -27,11 +28,13 @@ pub(crate) struct TokenSink<'a> {
 impl<'a> TokenSink<'a> {
     pub(crate) fn new(
         publisher: &'a dyn Publish<Token>,
+        clock: &'a RosClock,
         request_id: &'a str,
         frame_id: &'a str,
     ) -> Self {
         Self {
             publisher,
+            clock,
             request_id,
             frame_id,
             index: 0,
@@ -65,7 +68,7 @@ impl<'a> TokenSink<'a> {
     fn publish(&mut self, text: String, reasoning: bool, last: Option<FinishReason>) {
         let msg = Token {
             header: Header {
-                stamp: clock::now(),
+                stamp: self.clock.now(),
                 frame_id: ros_text_uncounted(self.frame_id),
             },
             request_id: ros_text_uncounted(self.request_id),
