@@ -21,7 +21,7 @@ use crate::ros::clock::RosClock;
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::time_limit;
 use crate::ros::spin::NodeOps;
-use crate::ros::text::{replaced_total, ros_text_uncounted};
+use crate::ros::text::{ros_text_uncounted, NulCount};
 use crate::serve::prefill::PrefillStats;
 use crate::serve::registry::Registry;
 use crate::serve::stats::SharedStats;
@@ -51,6 +51,8 @@ pub(crate) struct Diagnostics {
     /// The board the node runs on ([`health::board`]), for the hardware id.
     pub(crate) board: String,
     pub(crate) clock: RosClock,
+    /// The node's count of replaced NULs.
+    pub(crate) nuls: NulCount,
     pub(crate) publisher: Publisher<DiagnosticArray>,
     pub stats: SharedStats,
     pub registry: Arc<Registry>,
@@ -102,7 +104,7 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
         .map(|g| g.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
     let now = Instant::now();
-    let nul_total = replaced_total();
+    let nul_total = d.nuls.total();
     let queued = d.registry.len();
     let max_image_age = time_limit(d.params.snapshot().max_image_age_s)
         .ok()

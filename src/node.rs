@@ -47,6 +47,7 @@ use crate::ros::params::Params;
 use crate::ros::qos::{answers_qos, tokens_qos};
 use crate::ros::rosout::RosoutTarget;
 use crate::ros::spin::{NodeOps, SpinError, SpinThread};
+use crate::ros::text::NulCount;
 use crate::serve::deliver::Outputs;
 use crate::serve::prefill::PrefillConfig;
 use crate::serve::registry::Registry;
@@ -138,10 +139,12 @@ pub async fn run(
 
     let (spin, ops) = SpinThread::start(node)?;
     let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
+    let nuls = NulCount::default();
     let diag = Diagnostics {
         name: diagnostics::status_name(&names::full_name(&namespace, NODE_NAME)),
         board: crate::health::board(),
         clock: clock.clone(),
+        nuls: nuls.clone(),
         publisher: publishers.diagnostics,
         stats: stats.clone(),
         registry: registry.clone(),
@@ -158,6 +161,7 @@ pub async fn run(
         tokens: Box::new(publishers.tokens),
         answers: Box::new(publishers.answers),
         clock: clock.clone(),
+        nuls: nuls.clone(),
     };
     let worker = start_worker(
         &params,
@@ -181,6 +185,7 @@ pub async fn run(
         },
         compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
         clock,
+        nuls,
     });
     let (services, result) = serve_until_stopped(
         loaded,

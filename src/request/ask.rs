@@ -17,6 +17,7 @@ use crate::request::structured;
 use crate::ros::clock::RosClock;
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::Params;
+use crate::ros::text::NulCount;
 use crate::serve::failure::Failure;
 use crate::serve::job::Job;
 use crate::serve::outcome::refused;
@@ -39,6 +40,8 @@ pub struct AskContext {
     pub(crate) compiles: tokio::sync::Semaphore,
     /// Stamps what the ask path publishes itself (an action goal's acceptance).
     pub(crate) clock: RosClock,
+    /// Counts the NULs replaced in refusals.
+    pub(crate) nuls: NulCount,
 }
 
 impl AskContext {
@@ -59,6 +62,7 @@ impl AskContext {
             schemas,
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: RosClock::default(),
+            nuls: NulCount::default(),
         }
     }
 
@@ -96,7 +100,7 @@ pub(crate) async fn handle_with(
         Ok(p) => p,
         Err(f) => {
             tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
-            return refused(id, f);
+            return refused(id, f, &ctx.nuls);
         }
     };
     let admitted = match hooks.cancel {
@@ -111,7 +115,7 @@ pub(crate) async fn handle_with(
                 AdmitError::DuplicateId(_) => ErrorCode::InvalidRequest,
             };
             tracing::info!(request_id = %id, code = code.as_str(), "ask refused: {e}");
-            return refused(id, Failure::new(code, e.to_string()));
+            return refused(id, Failure::new(code, e.to_string()), &ctx.nuls);
         }
     };
     plan.turn.cancel = Some(admission.cancel_flag());
@@ -133,6 +137,7 @@ pub(crate) async fn handle_with(
         return refused(
             id,
             Failure::new(ErrorCode::NotReady, "the engine is shutting down"),
+            &ctx.nuls,
         );
     }
     tracing::debug!(request_id = %id, "ask queued");
@@ -144,6 +149,7 @@ pub(crate) async fn handle_with(
                 ErrorCode::BackendError,
                 "the engine stopped before answering",
             ),
+            &ctx.nuls,
         ),
     }
 }

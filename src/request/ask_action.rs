@@ -164,7 +164,7 @@ async fn serve(
                         tracing::error!(error = %err, "an action goal task ended without a result");
                         let failure =
                             Failure::new(ErrorCode::BackendError, format!("internal error: {err}"));
-                        (err.id(), refused(String::new(), failure))
+                        (err.id(), refused(String::new(), failure, &ctx.nuls))
                     }
                 };
                 if let Some(id) = tasks.remove(&task) {

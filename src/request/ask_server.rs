@@ -103,11 +103,13 @@ pub(crate) async fn answer_contained(
     hooks: GoalHooks,
 ) -> Ask::Response {
     let id = message.request_id.clone();
+    let nuls = ctx.nuls.clone();
     match contained_async(ask::handle_with(message, ctx, hooks)).await {
         Ok(response) => response,
         Err(p) => refused(
             id,
             Failure::new(ErrorCode::BackendError, format!("internal error: {p}")),
+            &nuls,
         ),
     }
 }

@@ -355,6 +355,7 @@ mod tests {
             schemas: Some(Arc::new(JsonSchemas::new(tokenizer, 640))),
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: Default::default(),
+            nuls: Default::default(),
         }
     }
 

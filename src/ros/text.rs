@@ -10,18 +10,29 @@
 //! again every period (diagnostics) is replaced without counting.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-static REPLACED: AtomicU64 = AtomicU64::new(0);
+/// The node's count of replaced U+0000 characters (diagnostics' `nul_replaced`), cloned into
+/// everything that builds messages from model or client text.
+#[derive(Clone, Default)]
+pub(crate) struct NulCount(Arc<AtomicU64>);
 
-/// `text` made safe for a message, its replacements counted.
-pub(crate) fn ros_text(text: impl Into<String>) -> String {
-    let text = text.into();
-    if !text.contains('\0') {
-        return text;
+impl NulCount {
+    /// `text` made safe for a message, its replacements counted.
+    pub(crate) fn safe(&self, text: impl Into<String>) -> String {
+        let text = text.into();
+        if !text.contains('\0') {
+            return text;
+        }
+        let n = text.chars().filter(|&c| c == '\0').count();
+        self.0.fetch_add(n as u64, Ordering::Relaxed);
+        text.replace('\0', "\u{FFFD}")
     }
-    let n = text.chars().filter(|&c| c == '\0').count();
-    REPLACED.fetch_add(n as u64, Ordering::Relaxed);
-    text.replace('\0', "\u{FFFD}")
+
+    /// U+0000 characters replaced since the node started.
+    pub(crate) fn total(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// `text` made safe for a message, not counted (see the module doc for when).
@@ -34,24 +45,20 @@ pub(crate) fn ros_text_uncounted(text: impl Into<String>) -> String {
     }
 }
 
-/// U+0000 characters replaced since the process started.
-pub(crate) fn replaced_total() -> u64 {
-    REPLACED.load(Ordering::Relaxed)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn nul_becomes_the_replacement_character_and_is_counted() {
-        // Other tests of this binary may count too: compare deltas from below.
-        let before = replaced_total();
-        assert_eq!(ros_text("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
-        assert!(replaced_total() >= before + 2);
-        assert_eq!(ros_text("长 🍎, no NUL"), "长 🍎, no NUL");
+        let nuls = NulCount::default();
+        assert_eq!(nuls.safe("a\0b\0"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(nuls.total(), 2);
+        assert_eq!(nuls.safe("长 🍎, no NUL"), "长 🍎, no NUL");
         assert_eq!(ros_text_uncounted("\0"), "\u{FFFD}");
+        assert_eq!(nuls.total(), 2, "uncounted");
         // The result converts as r2r converts message strings.
-        assert!(std::ffi::CString::new(ros_text("x\0y")).is_ok());
+        assert!(std::ffi::CString::new(nuls.clone().safe("x\0y")).is_ok());
+        assert_eq!(nuls.total(), 3, "clones share the count");
     }
 }

@@ -11,6 +11,7 @@ use crate::msgs::msg::{Answer, Token};
 use crate::process::panics::{contained, Panic};
 use crate::ros::clock::RosClock;
 use crate::ros::publish::Publish;
+use crate::ros::text::NulCount;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::{Generated, Outcome};
@@ -23,6 +24,8 @@ pub(crate) struct Outputs {
     pub answers: Box<dyn Publish<Answer>>,
     /// Stamps the Tokens and the Answer.
     pub clock: RosClock,
+    /// Counts the NULs replaced in them.
+    pub nuls: NulCount,
 }
 
 /// How serving one job went.
@@ -50,13 +53,19 @@ pub(crate) fn serve(
         feedback,
     } = job;
     let origin = plan.images.origin();
-    let mut sink = TokenSink::new(&*outputs.tokens, &outputs.clock, &id, &origin.frame_id)
-        .with_feedback(feedback.as_ref());
+    let mut sink = TokenSink::new(
+        &*outputs.tokens,
+        &outputs.clock,
+        &outputs.nuls,
+        &id,
+        &origin.frame_id,
+    )
+    .with_feedback(feedback.as_ref());
     let mut answered = false;
     let run = contained(|| {
         let result = generate(&mut plan, &mut sink);
         let prompt = std::mem::take(&mut plan.turn.text);
-        let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result);
+        let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result, &outputs.nuls);
         send_messages(&outcome, &mut sink, &mut answered, outputs, stats);
         outcome
     });
@@ -65,7 +74,13 @@ pub(crate) fn serve(
         Err(p) => {
             let failure = Failure::new(ErrorCode::BackendError, format!("internal error: {p}"));
             let prompt = std::mem::take(&mut plan.turn.text);
-            let outcome = Outcome::new(id.clone(), prompt, origin.clone(), Err(failure));
+            let outcome = Outcome::new(
+                id.clone(),
+                prompt,
+                origin.clone(),
+                Err(failure),
+                &outputs.nuls,
+            );
             let sent =
                 contained(|| send_messages(&outcome, &mut sink, &mut answered, outputs, stats));
             if let Err(p) = sent {
@@ -187,6 +202,7 @@ mod tests {
                 tokens: Box::new(Shared(tokens.clone())),
                 answers: Box::new(Shared(answers.clone())),
                 clock: RosClock::default(),
+                nuls: NulCount::default(),
             },
             tokens,
             answers,
@@ -286,6 +302,7 @@ mod tests {
         for t in &tokens {
             assert!(std::ffi::CString::new(t.text.clone()).is_ok());
         }
+        assert_eq!(h.outputs.nuls.total(), 1, "counted once, as it streamed");
     }
 
     /// A panic while generating fails that request alone: it still gets its `last` Token,

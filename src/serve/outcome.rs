@@ -14,18 +14,18 @@ use crate::interface::ErrorCode;
 use crate::msgs::msg::Answer;
 use crate::msgs::srv::Ask;
 use crate::ros::clock;
-use crate::ros::text::{ros_text, ros_text_uncounted};
+use crate::ros::text::{ros_text_uncounted, NulCount};
 use crate::serve::failure::Failure;
 use crate::serve::job::ImageOrigin;
 
 /// The response to a request that was never admitted (no Token, no Answer). Its
 /// `finish_reason` stays empty: generation never started.
-pub(crate) fn refused(request_id: String, failure: Failure) -> Ask::Response {
+pub(crate) fn refused(request_id: String, failure: Failure, nuls: &NulCount) -> Ask::Response {
     Ask::Response {
         success: false,
         error_code: failure.code.as_str().to_owned(),
-        error_message: ros_text(failure.message),
-        request_id: ros_text(request_id),
+        error_message: nuls.safe(failure.message),
+        request_id: nuls.safe(request_id),
         ..Default::default()
     }
 }
@@ -71,6 +71,7 @@ impl Outcome {
         prompt: String,
         origin: ImageOrigin,
         result: Result<Generated, Failure>,
+        nuls: &NulCount,
     ) -> Self {
         let (completion, failure) = match result {
             Ok(Generated {
@@ -100,17 +101,17 @@ impl Outcome {
             }
             Err(f) => (None, Some(f)),
         };
-        let failure = failure.map(|f| Failure::new(f.code, ros_text(f.message)));
+        let failure = failure.map(|f| Failure::new(f.code, nuls.safe(f.message)));
         let figures = completion
             .as_ref()
-            .map_or_else(Figures::default, Figures::of);
+            .map_or_else(Figures::default, |c| Figures::of(c, nuls));
         Self {
-            request_id: ros_text(request_id),
-            prompt: ros_text(prompt),
+            request_id: nuls.safe(request_id),
+            prompt: nuls.safe(prompt),
             origin: ImageOrigin {
-                source: ros_text(origin.source),
+                source: nuls.safe(origin.source),
                 stamp: origin.stamp,
-                frame_id: ros_text(origin.frame_id),
+                frame_id: nuls.safe(origin.frame_id),
                 width: origin.width,
                 height: origin.height,
             },
@@ -220,7 +221,7 @@ impl Figures {
     /// The texts made safe for the messages. The answer and the reasoning were counted as
     /// they streamed (the Token sink), so they are replaced without counting again; JSON
     /// escapes U+0000 itself.
-    pub(crate) fn of(c: &Completion) -> Self {
+    pub(crate) fn of(c: &Completion, nuls: &NulCount) -> Self {
         let calls: Vec<Value> = c.tool_calls.iter().map(|t| t.to_json()).collect();
         Self {
             text: ros_text_uncounted(c.text.as_str()),
@@ -228,7 +229,7 @@ impl Figures {
             tool_calls_json: if calls.is_empty() {
                 String::new()
             } else {
-                ros_text(Value::Array(calls).to_string())
+                nuls.safe(Value::Array(calls).to_string())
             },
             prompt_tokens: saturate(c.timings.prompt_tokens),
             completion_tokens: saturate(c.timings.completion_tokens),
@@ -275,6 +276,7 @@ mod tests {
             "what is this?".into(),
             origin(),
             result.map(Generated::from),
+            &NulCount::default(),
         )
     }
 
@@ -377,7 +379,11 @@ mod tests {
         );
         let o = outcome(Err(Failure::new(ErrorCode::BackendError, "bad \0 byte")));
         assert_eq!(o.response().error_message, "bad \u{FFFD} byte");
-        let r = refused("id\0".into(), Failure::new(ErrorCode::Busy, "x\0"));
+        let r = refused(
+            "id\0".into(),
+            Failure::new(ErrorCode::Busy, "x\0"),
+            &NulCount::default(),
+        );
         assert_eq!(
             (r.request_id.as_str(), r.error_message.as_str()),
             ("id\u{FFFD}", "x\u{FFFD}")
@@ -397,6 +403,7 @@ mod tests {
                     completion: completion(finish_reason),
                     incomplete,
                 }),
+                &NulCount::default(),
             )
         };
         let o = cut(true, FinishReason::Length);
@@ -428,7 +435,11 @@ mod tests {
 
     #[test]
     fn a_refusal_has_no_finish_reason() {
-        let r = refused("req-2".into(), Failure::new(ErrorCode::Busy, "full"));
+        let r = refused(
+            "req-2".into(),
+            Failure::new(ErrorCode::Busy, "full"),
+            &NulCount::default(),
+        );
         assert!(!r.success);
         assert_eq!(
             (r.error_code.as_str(), r.error_message.as_str()),

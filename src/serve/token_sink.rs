@@ -1,6 +1,6 @@
 //! The Token stream of one request on `/vlm/tokens`: indices without gaps from 0, and
 //! exactly one `last` Token, which carries the finish reason. Model text is made safe for
-//! the message here ([`ros_text`]: a NUL becomes U+FFFD and is counted).
+//! the message here ([`NulCount::safe`]: a NUL becomes U+FFFD and is counted).
 
 use r2r::std_msgs::msg::Header;
 use r2r::unique_identifier_msgs::msg::UUID;
@@ -11,11 +11,12 @@ use crate::msgs::action::Ask as AskAction;
 use crate::msgs::msg::Token;
 use crate::ros::clock::RosClock;
 use crate::ros::publish::Publish;
-use crate::ros::text::{ros_text, ros_text_uncounted};
+use crate::ros::text::{ros_text_uncounted, NulCount};
 
 pub(crate) struct TokenSink<'a> {
     publisher: &'a dyn Publish<Token>,
     clock: &'a RosClock,
+    nuls: &'a NulCount,
     request_id: &'a str,
     /// The image source, as the Answer's header names it.
     frame_id: &'a str,
@@ -29,12 +30,14 @@ impl<'a> TokenSink<'a> {
     pub(crate) fn new(
         publisher: &'a dyn Publish<Token>,
         clock: &'a RosClock,
+        nuls: &'a NulCount,
         request_id: &'a str,
         frame_id: &'a str,
     ) -> Self {
         Self {
             publisher,
             clock,
+            nuls,
             request_id,
             frame_id,
             index: 0,
@@ -52,7 +55,7 @@ impl<'a> TokenSink<'a> {
     /// after the `last` Token.
     pub(crate) fn delta(&mut self, text: String, reasoning: bool) {
         if !text.is_empty() && !self.finished {
-            self.publish(ros_text(text), reasoning, None);
+            self.publish(self.nuls.safe(text), reasoning, None);
         }
     }
 
