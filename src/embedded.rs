@@ -56,7 +56,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
 }
 
 /// `cache_dir` parameter, else `$XDG_CACHE_HOME/bpu_vlm`, else `~/.cache/bpu_vlm`.
-pub fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
+pub(crate) fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
     if let Some(p) = param {
         return Ok(p.to_owned());
     }

@@ -13,9 +13,6 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-/// Exit code of a clean stop (SIGINT/SIGTERM).
-pub const EXIT_OK: u8 = 0;
-
 /// Exit code of a configuration error: a parameter, a ROS argument or name, or a model that
 /// cannot be loaded as given (sysexits `EX_CONFIG`). A restart does not help; fix the setting.
 pub const EXIT_CONFIG: u8 = 78;

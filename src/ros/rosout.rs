@@ -51,7 +51,7 @@ pub(crate) struct Record<'a> {
 type Sink = Box<dyn Fn(&Record<'_>) + Send + Sync>;
 
 /// The layer itself; [`layer`] wraps it in the filter it needs.
-pub struct RosoutLayer {
+pub(crate) struct RosoutLayer {
     target: RosoutTarget,
     /// The one lock around rcutils: whoever calls the sink holds it.
     sink: Mutex<Sink>,
@@ -78,7 +78,7 @@ fn wanted(m: &Metadata<'_>) -> bool {
 
 impl RosoutLayer {
     /// Forwards to rcutils through r2r.
-    pub fn new(target: RosoutTarget) -> Self {
+    pub(crate) fn new(target: RosoutTarget) -> Self {
         Self::with_sink(target, Box::new(to_rcutils))
     }
 
