@@ -4,7 +4,7 @@
 //!
 //! This crate holds ROS plumbing only: no model math and no FFI (those live in `vlm` and
 //! `vlm-bpu`). A frame's way to a token:
-//! 1. [`ros::cameras`] validates each camera message into the latest-frame cache;
+//! 1. `ros::cameras` validates each camera message into the latest-frame cache;
 //! 2. [`request::plan`] checks a request against a snapshot of the [`ros::params`] in force
 //!    (served and set at run time through `ros::param_server`; sizes first,
 //!    [`request::limits`]), picks its image and builds the job ([`serve::job`]: a
@@ -21,14 +21,14 @@
 //! [`node`] wires it: the entities, threads and shutdown (`request::ask_server` tracks every
 //! `/ask` task until its response is sent; `request::ask_action` serves the same asks as the
 //! action `vlm/ask`, each goal on the service's path with its Tokens as feedback;
-//! [`process::signals`]: SIGINT, SIGTERM; [`model`] opens the model, [`embedded`] is the demo
+//! [`process::signals`]: SIGINT, SIGTERM; `model` opens the model, [`embedded`] is the demo
 //! model, `demo_model`); `diagnostics` reports on `/diagnostics` (the level judged by
 //! `health`); [`ros::rosout`] sends warnings to `/rosout`; [`ros::log_level`] sets the stderr
 //! log level from `--ros-args --log-level`.
 //!
 //! Failures stay as small as they can: every string bound for a message passes `ros::text`
 //! (a NUL from the model cannot panic r2r), each request is served inside
-//! [`process::panics::contained`] (a panic fails that request only), and what cannot be
+//! `process::panics::contained` (a panic fails that request only), and what cannot be
 //! recovered is raised in [`process::fatal`], which decides the exit code
 //! (`process::test_hooks` injects panics in debug builds).
 //!
@@ -46,7 +46,7 @@
 //! - `request`: `/ask`, `/vlm/cancel` and the Ask action, from a request to a queued job.
 //!
 //! Every room may use [`interface`] and [`msgs`], which use no room. The files directly in
-//! `src/` ([`node`], `diagnostics`, `health`, [`model`], [`embedded`]) wire the rooms together
+//! `src/` ([`node`], `diagnostics`, `health`, `model`, [`embedded`]) wire the rooms together
 //! and may use any of them; no room uses them. A unit test (`rooms`, below) checks the order on
 //! the sources.
 #![forbid(unsafe_code)]

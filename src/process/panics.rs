@@ -1,14 +1,14 @@
 //! Panics: contained per request, fatal anywhere else.
 //!
-//! The worker thread runs each request (and loading, recovery) inside [`contained`]: a panic
+//! The worker thread runs each request (and loading, recovery) inside `contained`: a panic
 //! there — in the runtime, the sampler, a kernel assert, a message conversion — becomes an
 //! `Err` carrying its message and location, and the worker fails that one request and resets
-//! the backend. An `/ask` task (planning a request) runs inside [`contained_async`] and a
-//! camera frame's decoding inside [`contained`]: a request or a frame that trips a bug is
+//! the backend. An `/ask` task (planning a request) runs inside `contained_async` and a
+//! camera frame's decoding inside `contained`: a request or a frame that trips a bug is
 //! refused, not the node's end. A panic anywhere else (a camera drain task, the cancel loop,
 //! diagnostics, the spin thread with r2r's handlers) means part of the node is gone while the
 //! rest would keep running as a zombie, so the hook installed by [`install_hook`] raises a
-//! runtime failure ([`crate::process::fatal::raise`]): diagnostics ERROR, orderly stop, non-zero exit.
+//! runtime failure (`crate::process::fatal::raise`): diagnostics ERROR, orderly stop, non-zero exit.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -20,14 +20,14 @@ use std::task::{Context, Poll};
 use futures::FutureExt as _;
 
 thread_local! {
-    /// Set while this thread runs inside [`contained`].
+    /// Set while this thread runs inside `contained`.
     static CONTAINED: Cell<bool> = const { Cell::new(false) };
     /// Where the last contained panic of this thread happened (the hook sees it, the caller
     /// of `catch_unwind` does not).
     static LOCATION: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
-/// A panic caught by [`contained`].
+/// A panic caught by `contained`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Panic {
     pub message: String,
@@ -58,7 +58,7 @@ pub(crate) fn contained<R>(f: impl FnOnce() -> R) -> Result<R, Panic> {
     })
 }
 
-/// [`contained`] for a future (an `/ask` task): the scope holds during each poll, on
+/// `contained` for a future (an `/ask` task): the scope holds during each poll, on
 /// whichever thread polls it.
 pub(crate) async fn contained_async<F: Future>(f: F) -> Result<F::Output, Panic> {
     AssertUnwindSafe(Scoped(Box::pin(f)))

@@ -1,7 +1,7 @@
 //! Requests from their arrival to the worker's queue: `/ask` and `/vlm/cancel` ([`ask`]),
 //! the checks and the job they build ([`plan`], sizes first in [`limits`], `json_schema` in
-//! [`structured`]), the `/ask` service's tasks ([`ask_server`]) and the Ask action
-//! ([`ask_action`]). The top room: it hands jobs to [`crate::serve`].
+//! `structured`), the `/ask` service's tasks (`ask_server`) and the Ask action
+//! (`ask_action`). The top room: it hands jobs to [`crate::serve`].
 
 pub mod ask;
 pub(crate) mod ask_action;

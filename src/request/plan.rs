@@ -1,6 +1,6 @@
 //! Planning an Ask request: every check (sizes first, [`crate::request::limits`]), the
 //! sampling settings over the node's defaults, the `json_schema` compiled
-//! ([`crate::request::structured`]), the image picked, and the job's plan built. A request
+//! (`crate::request::structured`), the image picked, and the job's plan built. A request
 //! that fails a check is refused with the reason; nothing is queued here.
 
 use std::sync::Arc;
@@ -232,7 +232,7 @@ fn finish(
 /// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take long for a large uncached one, so it runs on the blocking
 /// pool, not on the runtime's two threads that also serve other asks, the action loop,
 /// `vlm/cancel` and diagnostics. A request whose schema would compile while the queue is
-/// full is refused `busy` before compiling; at most [`structured::COMPILES_AT_ONCE`]
+/// full is refused `busy` before compiling; at most `structured::COMPILES_AT_ONCE`
 /// compile at once, and later ones wait their turn without holding a thread.
 pub async fn plan_async(
     req: Ask::Request,

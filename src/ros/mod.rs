@@ -1,5 +1,5 @@
 //! The ROS side of the node that knows nothing of requests or the model: names, QoS, the
-//! spin thread, publishers behind [`publish::Publish`], the node's clock, logging (stderr
+//! spin thread, publishers behind `publish::Publish`, the node's clock, logging (stderr
 //! level, `/rosout`), parameters and their services, camera messages into frames, and text
 //! made safe for a message.
 

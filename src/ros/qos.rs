@@ -1,4 +1,4 @@
-//! QoS of the node's own topics. Camera QoS is chosen by a parameter ([`crate::ros::cameras`]).
+//! QoS of the node's own topics. Camera QoS is chosen by a parameter (`crate::ros::cameras`).
 
 use r2r::QosProfile;
 

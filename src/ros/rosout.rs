@@ -22,7 +22,7 @@ use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
 /// The logger events go to. rcl publishes on `/rosout` only for a node's logger, so
-/// nothing is forwarded before [`RosoutTarget::attach`] names it.
+/// nothing is forwarded before `RosoutTarget::attach` names it.
 #[derive(Debug, Clone, Default)]
 pub struct RosoutTarget(Arc<OnceLock<String>>);
 

@@ -73,7 +73,7 @@ impl Images {
     /// when the request arrives. Request frames are taken: their payload moves on (an rgb8
     /// one without a copy) and their key is the content hash of the pixels; a camera frame
     /// stays in the cache for the next ask, so it is converted from a shared reference, and
-    /// its key is the cached message's ([`camera_key`]).
+    /// its key is the cached message's (`camera_key`).
     pub fn take_inputs(&mut self) -> Result<(Vec<ImageInput>, Vec<Option<ImageKey>>), Failure> {
         match self {
             Self::None => Ok((Vec::new(), Vec::new())),
@@ -136,7 +136,7 @@ fn rgb_input(img: Result<camera_frame::RgbImage, String>) -> Result<ImageInput, 
 }
 
 /// A validated request: the turn for the assistant, whose images stay empty until
-/// [`Images::to_inputs`] fills them on the worker, and what only the node knows about it.
+/// [`Images::take_inputs`] fills them on the worker, and what only the node knows about it.
 pub struct JobPlan {
     pub turn: Turn,
     pub images: Images,

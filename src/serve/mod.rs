@@ -1,9 +1,9 @@
 //! Serving admitted requests on the one thread that owns the model: the job ([`job`]), the
-//! worker loop ([`worker`]), one job to its end ([`deliver`]: the last Token, the `Answer`
-//! and the response from one [`outcome`], failures as [`failure`]), the Token stream
-//! ([`token_sink`]), conversations ([`sessions`]), the background latest-frame pre-fill
-//! ([`prefill`]), admission and cancel by id ([`registry`]) and what diagnostics read
-//! ([`stats`]).
+//! worker loop (`worker`), one job to its end (`deliver`: the last Token, the `Answer`
+//! and the response from one `outcome`, failures as [`failure`]), the Token stream
+//! (`token_sink`), conversations (`sessions`), the background latest-frame pre-fill
+//! (`prefill`), admission and cancel by id (`registry`) and what diagnostics read
+//! (`stats`).
 
 pub(crate) mod deliver;
 pub mod failure;
