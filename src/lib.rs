@@ -33,8 +33,9 @@
 //! (`process::test_hooks` injects panics in debug builds).
 //!
 //! # Rooms
-//! The modules live in four rooms, each a directory of `src/`. A room uses only the rooms
-//! before it, never one after it:
+//! The modules live in four rooms, each a directory of `src/` (`ros::cameras` is
+//! `src/ros/cameras.rs`). A room uses its own modules and the rooms before it, never one
+//! after it:
 //!
 //! `process` ← `ros` ← `serve` ← `request`
 //!
