@@ -8,7 +8,7 @@
 //! 2. [`request::plan`] checks a request against a snapshot of the [`ros::params`] in force
 //!    (served and set at run time through `ros::param_server`; sizes first,
 //!    [`request::limits`]), picks its image and builds the job ([`serve::job`]: a
-//!    `vlm::assistant::Turn` plus the image choice and session); [`request::ask`] admits it
+//!    `vlm::assistant::Turn` plus the image choice and session); `request::ask` admits it
 //!    (`serve::registry`) and queues it;
 //! 3. `serve::worker`, the one thread that owns the model, converts the frame to RGB,
 //!    continues the conversation from `serve::sessions` (or answers from the latest frame
@@ -48,8 +48,8 @@
 //!
 //! Every room may use [`interface`] and [`msgs`], which use no room. The files directly in
 //! `src/` ([`node`], `diagnostics`, `health`, `model`, [`embedded`]) wire the rooms together
-//! and may use any of them; no room uses them. A unit test (`rooms`, below) checks the order on
-//! the sources.
+//! and may use any of them; no room uses them. Unit tests (`rooms`, below) check the order on
+//! the sources, and that no modules use each other in a cycle, inside a room too.
 #![forbid(unsafe_code)]
 
 pub(crate) mod diagnostics;
@@ -156,9 +156,100 @@ mod rooms {
         );
     }
 
+    /// The module of a file: `src/serve/job.rs` is `serve::job`, a `mod.rs` its directory.
+    fn module_of(src: &Path, file: &Path) -> String {
+        let rel = file.strip_prefix(src).unwrap().with_extension("");
+        let parts: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .filter(|p| p != "mod")
+            .collect();
+        parts.join("::")
+    }
+
+    /// Every `crate::a::b::…` path a file names, comments left out.
+    fn paths(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for line in text.lines() {
+            let code = line.split("//").next().unwrap_or("");
+            for (i, _) in code.match_indices("crate::") {
+                let rest = &code[i + "crate::".len()..];
+                let path: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_' || *c == ':')
+                    .collect();
+                out.push(path.trim_end_matches(':').to_owned());
+            }
+        }
+        out
+    }
+
+    /// No two modules of the crate use each other, directly or around a loop (a file's
+    /// `crate::` paths outside its test module, resolved to the longest module they name).
+    #[test]
+    fn no_module_imports_form_a_cycle() {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        let modules: Vec<String> = files.iter().map(|f| module_of(&src, f)).collect();
+        let mut edges: Vec<Vec<usize>> = vec![Vec::new(); files.len()];
+        for (from, file) in files.iter().enumerate() {
+            let text = std::fs::read_to_string(file).unwrap();
+            let code = text.split("\n#[cfg(test)]\nmod ").next().unwrap_or("");
+            for path in paths(code) {
+                let target = modules
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, m)| path == **m || path.starts_with(&format!("{m}::")))
+                    .max_by_key(|(_, m)| m.len());
+                if let Some((to, _)) = target {
+                    if to != from && !edges[from].contains(&to) {
+                        edges[from].push(to);
+                    }
+                }
+            }
+        }
+        // Depth-first search; a module met again on the current path closes a cycle.
+        fn visit(
+            n: usize,
+            edges: &[Vec<usize>],
+            state: &mut [u8],
+            path: &mut Vec<usize>,
+        ) -> Option<Vec<usize>> {
+            state[n] = 1;
+            path.push(n);
+            for &m in &edges[n] {
+                if state[m] == 1 {
+                    let start = path.iter().position(|&p| p == m).unwrap();
+                    let mut cycle = path[start..].to_vec();
+                    cycle.push(m);
+                    return Some(cycle);
+                }
+                if state[m] == 0 {
+                    if let Some(c) = visit(m, edges, state, path) {
+                        return Some(c);
+                    }
+                }
+            }
+            path.pop();
+            state[n] = 2;
+            None
+        }
+        let mut state = vec![0u8; files.len()];
+        for n in 0..files.len() {
+            if state[n] == 0 {
+                if let Some(cycle) = visit(n, &edges, &mut state, &mut Vec::new()) {
+                    let names: Vec<&str> = cycle.iter().map(|&i| modules[i].as_str()).collect();
+                    panic!("import cycle: {}", names.join(" -> "));
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_check_sees_paths_in_code_and_not_in_comments() {
         let text = "use crate::serve::job::Job;\n// crate::node\nlet q = crate::ros::qos::tokens_qos(); // crate::request";
         assert_eq!(named(text), ["serve", "ros"]);
+        assert_eq!(paths(text), ["serve::job::Job", "ros::qos::tokens_qos"]);
     }
 }

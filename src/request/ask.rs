@@ -3,76 +3,18 @@
 //! request is answered at once, an admitted one by the worker when it finishes.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::Instant;
 
-use camera_frame::CameraCache;
-use vlm::structured::JsonSchemas;
-
 use crate::interface::ErrorCode;
 use crate::msgs::srv::{Ask, Cancel};
+use crate::request::context::AskContext;
 use crate::request::plan::plan_async;
-use crate::request::structured;
-use crate::ros::clock::RosClock;
-use crate::ros::param_server::LiveParams;
-use crate::ros::params::Params;
-use crate::ros::text::NulCount;
 use crate::serve::failure::Failure;
 use crate::serve::job::Job;
 use crate::serve::outcome::refused;
 use crate::serve::registry::{AdmitError, Registry};
 use crate::serve::token_sink::GoalFeedback;
-
-/// Everything an ask handler needs, shared by all requests.
-pub struct AskContext {
-    /// The parameters in force; each ask takes a snapshot (`ros2 param set` replaces them).
-    pub(crate) params: LiveParams,
-    /// `None` when the node runs without vision.
-    pub(crate) cameras: Option<Arc<CameraCache>>,
-    pub(crate) registry: Arc<Registry>,
-    /// The worker's queue; `None` once the node is shutting down.
-    pub(crate) jobs: std::sync::Mutex<Option<Sender<Job>>>,
-    /// The served model's JSON-schema compiler: a request's `json_schema` is compiled (or
-    /// refused) here, before queueing.
-    pub(crate) schemas: Option<Arc<JsonSchemas>>,
-    /// Permits to compile a schema ([`structured::COMPILES_AT_ONCE`]).
-    pub(crate) compiles: tokio::sync::Semaphore,
-    /// Stamps what the ask path publishes itself (an action goal's acceptance).
-    pub(crate) clock: RosClock,
-    /// Counts the NULs replaced in refusals.
-    pub(crate) nuls: NulCount,
-}
-
-impl AskContext {
-    /// A context over `params` with its own registry (`queue_depth` places) and no queue
-    /// yet (asks are refused `not_ready` at admission): what planning needs, as the node
-    /// builds it once the model is loaded.
-    pub fn new(
-        params: Params,
-        cameras: Option<Arc<CameraCache>>,
-        schemas: Option<Arc<JsonSchemas>>,
-    ) -> Self {
-        let registry = Arc::new(Registry::new(params.queue_depth));
-        Self {
-            params: LiveParams::new(params),
-            cameras,
-            registry,
-            jobs: std::sync::Mutex::new(None),
-            schemas,
-            compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
-            clock: RosClock::default(),
-            nuls: NulCount::default(),
-        }
-    }
-
-    /// Closes the queue: later asks are refused, the worker ends after the queued ones.
-    /// A lock poisoned by a panicking ask task still holds a consistent `Option`, so it is
-    /// used as it is: skipping the close would leave the worker waiting for jobs forever.
-    pub(crate) fn close(&self) {
-        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
-    }
-}
 
 /// What an Ask action goal adds to its request: the cancel flag the goal's cancel sets
 /// (from the start, so a cancel that comes before admission is not lost) and where its

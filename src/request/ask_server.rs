@@ -13,7 +13,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use crate::interface::ErrorCode;
 use crate::msgs::srv::Ask;
 use crate::process::panics::contained_async;
-use crate::request::ask::{self, AskContext, GoalHooks};
+use crate::request::ask::{self, GoalHooks};
+use crate::request::context::AskContext;
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 

@@ -15,7 +15,7 @@ use vlm::structured::JsonSchema;
 
 use crate::interface::{enable_thinking, ErrorCode};
 use crate::msgs::srv::Ask;
-use crate::request::ask::AskContext;
+use crate::request::context::AskContext;
 use crate::request::limits::check_sizes;
 use crate::request::structured;
 use crate::ros::cameras::{frame_from_compressed, frame_from_image, frame_header};

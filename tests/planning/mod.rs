@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bpu_vlm::interface::ErrorCode;
 use bpu_vlm::msgs::srv::Ask;
-use bpu_vlm::request::ask::AskContext;
+use bpu_vlm::request::context::AskContext;
 use bpu_vlm::request::plan::plan_async;
 use bpu_vlm::ros::params::Params;
 use bpu_vlm::serve::failure::Failure;
