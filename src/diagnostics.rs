@@ -3,10 +3,10 @@
 //! snapshots taken, simulator counters. Also warns (log and so `/rosout`) when a camera topic
 //! has publishers but no frame has arrived for a while, naming the usual causes. The level,
 //! message and hardware id are judged in [`crate::health`]; every string is made safe for r2r
-//! ([`crate::ros_text`]).
+//! ([`crate::ros::text`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use camera_frame::CameraCache;
@@ -14,48 +14,46 @@ use r2r::diagnostic_msgs::msg::{DiagnosticArray, DiagnosticStatus, KeyValue};
 use r2r::std_msgs::msg::Header;
 use r2r::Publisher;
 
-use crate::clock;
-use crate::fatal;
 use crate::health::{self, NulWatch, Observed};
-use crate::node::NodeOps;
-use crate::param_server::LiveParams;
-use crate::params::time_limit;
-use crate::prefill::PrefillStats;
-use crate::registry::Registry;
-use crate::ros_text::{replaced_total, ros_text_uncounted};
-use crate::test_hooks::{self, Site};
-use crate::worker::SharedStats;
+use crate::process::fatal;
+use crate::process::test_hooks::{self, Site};
+use crate::ros::clock::RosClock;
+use crate::ros::param_server::LiveParams;
+use crate::ros::params::time_limit;
+use crate::ros::spin::NodeOps;
+use crate::ros::text::{ros_text_uncounted, NulCount};
+use crate::serve::prefill::PrefillStats;
+use crate::serve::registry::Registry;
+use crate::serve::stats::SharedStats;
 
-pub const TOPIC: &str = "/diagnostics";
+pub(crate) const TOPIC: &str = "/diagnostics";
 
 /// Name of the status entry after the node's full name (an interface name: monitors match
 /// it). `/diagnostics` is global by convention, so the full name tells two robots apart.
-pub const STATUS_SUFFIX: &str = ": engine";
+pub(crate) const STATUS_SUFFIX: &str = ": engine";
 
-/// The node's full name, set once when the node exists (a process runs one node).
-static NODE_FULL_NAME: OnceLock<String> = OnceLock::new();
-
-/// Records the node's full name (`/robot1/vlm_node`) for the status entry; the first call wins.
-pub fn set_node_name(full_name: &str) {
-    let _ = NODE_FULL_NAME.set(full_name.to_owned());
-}
-
-/// The status entry's name, e.g. `/robot1/vlm_node: engine`.
-pub fn status_name() -> String {
-    let node = NODE_FULL_NAME.get().map_or("/vlm_node", String::as_str);
-    format!("{node}{STATUS_SUFFIX}")
+/// The status entry's name for the node `full_name`, e.g. `/robot1/vlm_node: engine`.
+pub(crate) fn status_name(full_name: &str) -> String {
+    format!("{full_name}{STATUS_SUFFIX}")
 }
 
 /// A camera topic silent this long (with publishers) is warned about.
-pub const SILENT_CAMERA: Duration = Duration::from_secs(3);
+pub(crate) const SILENT_CAMERA: Duration = Duration::from_secs(3);
 
 /// How often one silent topic is warned about again.
 const SILENT_REPEAT: Duration = Duration::from_secs(30);
 
 /// What a status is made of; cloned for the node's last word after a runtime failure.
 #[derive(Clone)]
-pub struct Diagnostics {
-    pub publisher: Publisher<DiagnosticArray>,
+pub(crate) struct Diagnostics {
+    /// The status entry's name ([`status_name`]).
+    pub(crate) name: String,
+    /// The board the node runs on ([`health::board`]), for the hardware id.
+    pub(crate) board: String,
+    pub(crate) clock: RosClock,
+    /// The node's count of replaced NULs.
+    pub(crate) nuls: NulCount,
+    pub(crate) publisher: Publisher<DiagnosticArray>,
     pub stats: SharedStats,
     pub registry: Arc<Registry>,
     pub cameras: Option<Arc<CameraCache>>,
@@ -99,14 +97,14 @@ fn kv(key: &str, value: impl ToString) -> KeyValue {
 }
 
 /// The status entry for the current counters; `nuls` remembers when NULs were last replaced.
-pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
+pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     let s = d
         .stats
         .lock()
         .map(|g| g.clone())
         .unwrap_or_else(|e| e.into_inner().clone());
     let now = Instant::now();
-    let nul_total = replaced_total();
+    let nul_total = d.nuls.total();
     let queued = d.registry.len();
     let max_image_age = time_limit(d.params.snapshot().max_image_age_s)
         .ok()
@@ -173,9 +171,9 @@ pub fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     }
     DiagnosticStatus {
         level,
-        name: ros_text_uncounted(status_name()),
+        name: ros_text_uncounted(d.name.as_str()),
         message: ros_text_uncounted(message),
-        hardware_id: ros_text_uncounted(health::hardware_id(s.model.as_ref())),
+        hardware_id: ros_text_uncounted(health::hardware_id(s.model.as_ref(), &d.board)),
         values,
     }
 }
@@ -194,10 +192,10 @@ fn stale_default(
 }
 
 /// Publishes the current status once.
-pub fn publish(d: &Diagnostics, nuls: &mut NulWatch) {
+pub(crate) fn publish(d: &Diagnostics, nuls: &mut NulWatch) {
     let msg = DiagnosticArray {
         header: Header {
-            stamp: clock::now(),
+            stamp: d.clock.now(),
             frame_id: String::new(),
         },
         status: vec![status(d, nuls)],
@@ -208,7 +206,7 @@ pub fn publish(d: &Diagnostics, nuls: &mut NulWatch) {
 }
 
 /// Publishes until the task is aborted.
-pub async fn run(d: Diagnostics, period: Duration) {
+pub(crate) async fn run(d: Diagnostics, period: Duration) {
     let mut tick = tokio::time::interval(period);
     let mut watch = SilentWatch::default();
     let mut nuls = NulWatch::default();

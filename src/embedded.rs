@@ -56,7 +56,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> EmbeddedError + '_ {
 }
 
 /// `cache_dir` parameter, else `$XDG_CACHE_HOME/bpu_vlm`, else `~/.cache/bpu_vlm`.
-pub fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
+pub(crate) fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
     if let Some(p) = param {
         return Ok(p.to_owned());
     }
@@ -72,7 +72,7 @@ pub fn cache_root(param: Option<&Path>) -> Result<PathBuf, EmbeddedError> {
 }
 
 /// Folder name of the package for this build's files and container version.
-pub fn package_key() -> String {
+pub(crate) fn package_key() -> String {
     // FNV-style hashing through std's SipHash with fixed keys is stable within a toolchain;
     // a different toolchain at worst rebuilds the package once.
     let mut h = std::collections::hash_map::DefaultHasher::new();

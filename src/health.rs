@@ -5,25 +5,25 @@
 //! silent camera, a saturated queue, a stale default camera, model output with NUL
 //! characters, a model being reopened after an internal error).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vlm::assistant::{BackendKind, ModelInfo};
 
-use crate::worker::WorkerState;
+use crate::serve::stats::WorkerState;
 
-pub const OK: u8 = 0;
-pub const WARN: u8 = 1;
-pub const ERROR: u8 = 2;
+pub(crate) const OK: u8 = 0;
+pub(crate) const WARN: u8 = 1;
+pub(crate) const ERROR: u8 = 2;
 
 /// How long replaced NUL characters keep the status at WARN after the last one.
-pub const NUL_WARN_FOR: Duration = Duration::from_secs(60);
+pub(crate) const NUL_WARN_FOR: Duration = Duration::from_secs(60);
 
 /// What the status is judged from, gathered by diagnostics each period.
 #[derive(Debug, Clone)]
-pub struct Observed<'a> {
+pub(crate) struct Observed<'a> {
     pub state: &'a WorkerState,
-    /// The runtime failure the node is stopping for ([`crate::fatal::reason`]).
+    /// The runtime failure the node is stopping for ([`crate::process::fatal::reason`]).
     pub fatal: Option<&'a str>,
     /// Requests queued or running, and how many the queue holds (`queue_depth`).
     pub queued: usize,
@@ -38,7 +38,7 @@ pub struct Observed<'a> {
 }
 
 /// The level and the message.
-pub fn assess(o: &Observed<'_>) -> (u8, String) {
+pub(crate) fn assess(o: &Observed<'_>) -> (u8, String) {
     if let WorkerState::Failed(reason) = o.state {
         return (ERROR, format!("engine failed: {reason}"));
     }
@@ -86,14 +86,14 @@ pub fn assess(o: &Observed<'_>) -> (u8, String) {
 
 /// Remembers when the count of replaced NUL characters last grew.
 #[derive(Debug, Default)]
-pub struct NulWatch {
+pub(crate) struct NulWatch {
     seen: u64,
     grew_at: Option<Instant>,
 }
 
 impl NulWatch {
     /// The total when it grew within [`NUL_WARN_FOR`] of `now`.
-    pub fn observe(&mut self, total: u64, now: Instant) -> Option<u64> {
+    pub(crate) fn observe(&mut self, total: u64, now: Instant) -> Option<u64> {
         if total > self.seen {
             self.seen = total;
             self.grew_at = Some(now);
@@ -105,38 +105,36 @@ impl NulWatch {
 }
 
 /// The SoC (or `simulator`, or `cpu`) and the package (or checkpoint) behind the engine;
-/// empty until a model is loaded.
-pub fn hardware_id(model: Option<&ModelInfo>) -> String {
+/// empty until a model is loaded. `board` is [`board`]'s answer.
+pub(crate) fn hardware_id(model: Option<&ModelInfo>, board: &str) -> String {
     let Some(m) = model else {
         return String::new();
     };
     match m.backend {
         BackendKind::BpuSim => format!("simulator; package {}", m.name),
-        BackendKind::Bpu => format!("{}; package {}", board(), m.name),
+        BackendKind::Bpu => format!("{board}; package {}", m.name),
         BackendKind::Cpu => format!("cpu; checkpoint {}", m.name),
     }
 }
 
-/// The board as its device tree names it (the RDK S100P's names the SoC), read once.
-fn board() -> &'static str {
-    static BOARD: OnceLock<String> = OnceLock::new();
-    BOARD.get_or_init(|| {
-        [
-            "/proc/device-tree/model",
-            "/sys/firmware/devicetree/base/model",
-        ]
-        .iter()
-        .find_map(|p| std::fs::read(p).ok())
-        // Device-tree strings end in NUL bytes, which a ROS string cannot carry.
-        .map(|b| {
-            String::from_utf8_lossy(&b)
-                .replace('\0', " ")
-                .trim()
-                .to_owned()
-        })
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "BPU board (device-tree model unreadable)".to_owned())
+/// The board as its device tree names it (the RDK S100P's names the SoC); the node reads it
+/// once, at start.
+pub(crate) fn board() -> String {
+    [
+        "/proc/device-tree/model",
+        "/sys/firmware/devicetree/base/model",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read(p).ok())
+    // Device-tree strings end in NUL bytes, which a ROS string cannot carry.
+    .map(|b| {
+        String::from_utf8_lossy(&b)
+            .replace('\0', " ")
+            .trim()
+            .to_owned()
     })
+    .filter(|s| !s.is_empty())
+    .unwrap_or_else(|| "BPU board (device-tree model unreadable)".to_owned())
 }
 
 #[cfg(test)]
@@ -220,9 +218,17 @@ mod tests {
             system: String::new(),
         };
         assert_eq!(
-            hardware_id(Some(&info)),
+            hardware_id(Some(&info), "RDK S100P"),
             "simulator; package tiny-4b-embedded"
         );
-        assert_eq!(hardware_id(None), "");
+        let board = ModelInfo {
+            backend: BackendKind::Bpu,
+            ..info
+        };
+        assert_eq!(
+            hardware_id(Some(&board), "RDK S100P"),
+            "RDK S100P; package tiny-4b-embedded"
+        );
+        assert_eq!(hardware_id(None, "RDK S100P"), "");
     }
 }

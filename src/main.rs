@@ -2,10 +2,10 @@
 //! thread, serves `/ask` once it is warm, and exits cleanly on SIGINT or SIGTERM. ROS
 //! arguments (`--ros-args ...`) are read by rcl from the command line. Logs go to stderr
 //! through `tracing`, at the level of `--ros-args --log-level` (else `RUST_LOG`, else `info`;
-//! [`bpu_vlm::log_level`]); warnings and errors also go to `/rosout` under the node's name,
+//! [`bpu_vlm::ros::log_level`]); warnings and errors also go to `/rosout` under the node's name,
 //! whatever the level says.
 //!
-//! Exit codes ([`bpu_vlm::fatal`]), so a supervisor can tell a restart from a fix:
+//! Exit codes ([`bpu_vlm::process::fatal`]), so a supervisor can tell a restart from a fix:
 //! - 0: stopped by SIGINT or SIGTERM;
 //! - 78 (sysexits `EX_CONFIG`): a configuration error — a parameter, a ROS argument or
 //!   name, or a model that cannot be loaded as given; the same settings fail the same way;
@@ -14,14 +14,14 @@
 //!   panic outside any request, a thread of the node gone; a restart is the remedy.
 //!
 //! Debug builds only: `VLM_NODE_TEST_PANIC` injects panics for the node tests
-//! ([`bpu_vlm::test_hooks`]); release builds do not read it.
+//! (`bpu_vlm::process::test_hooks`); release builds do not read it.
 
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use bpu_vlm::fatal::{EXIT_CONFIG, EXIT_RUNTIME};
 use bpu_vlm::node::NodeError;
-use bpu_vlm::rosout::{self, RosoutTarget};
+use bpu_vlm::process::fatal::{EXIT_CONFIG, EXIT_RUNTIME};
+use bpu_vlm::ros::rosout::{self, RosoutTarget};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
@@ -30,13 +30,13 @@ fn main() -> ExitCode {
     let rosout_target = RosoutTarget::default();
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_filter(bpu_vlm::log_level::stderr_filter(std::env::args()));
+        .with_filter(bpu_vlm::ros::log_level::stderr_filter(std::env::args()));
     tracing_subscriber::registry()
         .with(stderr)
         .with(rosout::layer(rosout_target.clone()))
         .init();
     // Before any thread starts: a panic outside a request stops the node with exit code 70.
-    bpu_vlm::panics::install_hook();
+    bpu_vlm::process::panics::install_hook();
     match start(rosout_target) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -71,7 +71,7 @@ fn start(rosout_target: RosoutTarget) -> anyhow::Result<()> {
 
 async fn run(rosout_target: RosoutTarget) -> anyhow::Result<()> {
     // Installed before any ROS entity exists, so an early signal still drains.
-    let signals = bpu_vlm::signals::Signals::install()
+    let signals = bpu_vlm::process::signals::Signals::install()
         .context("installing the SIGINT and SIGTERM handlers")?;
 
     let ctx = r2r::Context::create().context("initialising ROS 2 (rcl)")?;

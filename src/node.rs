@@ -18,7 +18,6 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -26,35 +25,38 @@ use std::time::{Duration, Instant};
 
 use camera_frame::{CacheConfig, CameraCache};
 use futures::StreamExt;
-use r2r::QosProfile;
+use r2r::diagnostic_msgs::msg::DiagnosticArray;
+use r2r::{Publisher, QosProfile};
 use vlm::interrupt::Interrupt;
-use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
-use crate::ask::{self, AskContext};
-use crate::ask_action::{self, AskActionServer};
-use crate::ask_server::AskServer;
-use crate::cameras::{self, CameraMsg};
-use crate::diagnostics;
-use crate::embedded;
-use crate::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
+use crate::diagnostics::{self, Diagnostics};
+use crate::model;
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
-use crate::names::{ANSWERS_HISTORY_DEPTH, NODE_NAME, TOKENS_HISTORY_DEPTH};
-use crate::param_server::{LiveParams, ParamServer};
-use crate::params::{BackendChoice, Params};
-use crate::prefill::PrefillConfig;
-use crate::registry::Registry;
-use crate::ros_names;
-use crate::rosout::RosoutTarget;
-use crate::test_hooks::{self, Site};
-use crate::worker::{self, LoadFailure, Outputs, SharedStats, WorkerConfig, WorkerStats};
+use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
+use crate::process::test_hooks::{self, Site};
+use crate::request::ask;
+use crate::request::ask_action::{self, AskActionServer};
+use crate::request::ask_server::AskServer;
+use crate::request::context::AskContext;
+use crate::request::structured;
+use crate::ros::cameras::{self, CameraMsg};
+use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
+use crate::ros::names::{self, NODE_NAME};
+use crate::ros::param_server::{LiveParams, ParamServer};
+use crate::ros::params::Params;
+use crate::ros::qos::{answers_qos, tokens_qos};
+use crate::ros::rosout::RosoutTarget;
+use crate::ros::spin::{NodeOps, SpinError, SpinThread};
+use crate::ros::text::NulCount;
+use crate::serve::deliver::Outputs;
+use crate::serve::prefill::PrefillConfig;
+use crate::serve::registry::Registry;
+use crate::serve::stats::{SharedStats, WorkerStats};
+use crate::serve::worker::{self, LoadFailure, Ready, WorkerConfig};
 
 /// Name of the thread that owns the model.
 const WORKER_THREAD: &str = "vlm-worker";
-
-/// How long one `spin_once` may wait; bounds how fast the spin thread notices a stop or a
-/// queued node operation. The wait set wakes on any event, so messages are not delayed.
-const SPIN_PERIOD: Duration = Duration::from_millis(10);
 
 /// After a runtime failure, how long the orderly shutdown may take beyond one graph call
 /// (`bpu_timeout_s`) before the process exits regardless.
@@ -70,7 +72,7 @@ pub enum NodeError {
         source: r2r::Error,
     },
     #[error(transparent)]
-    Param(#[from] crate::params::ParamError),
+    Param(#[from] crate::ros::params::ParamError),
     #[error("camera topics: {0}")]
     Cameras(#[from] camera_frame::CacheConfigError),
     #[error("could not start the {0} thread: {1}")]
@@ -81,13 +83,22 @@ pub enum NodeError {
     Model(String),
     #[error("the ROS spin thread is gone")]
     SpinGone,
-    /// A runtime failure ([`crate::fatal`]): the engine or a part of the node is gone.
+    /// A runtime failure ([`crate::process::fatal`]): the engine or a part of the node is gone.
     #[error("runtime failure: {0}")]
     Failed(String),
 }
 
+impl From<SpinError> for NodeError {
+    fn from(e: SpinError) -> Self {
+        match e {
+            SpinError::Start(e) => Self::Thread("ros-spin", e),
+            SpinError::Panicked => Self::Panicked("ros-spin"),
+        }
+    }
+}
+
 impl NodeError {
-    /// The process exit code for this error ([`crate::fatal`]): a setting that cannot work
+    /// The process exit code for this error ([`crate::process::fatal`]): a setting that cannot work
     /// exits with [`EXIT_CONFIG`], anything a restart may cure with [`EXIT_RUNTIME`].
     pub fn exit_code(&self) -> u8 {
         match self {
@@ -104,98 +115,114 @@ fn ros<T>(action: impl FnOnce() -> String, result: r2r::Result<T>) -> Result<T, 
     })
 }
 
-/// QoS of `/vlm/tokens`: reliable with a deep history, so no delta of an answer is lost.
-pub fn tokens_qos() -> QosProfile {
-    QosProfile::default()
-        .reliable()
-        .keep_last(TOKENS_HISTORY_DEPTH)
-}
+/// Creates, runs and stops the node; returns when `shutdown` completes (or the model fails
+/// to load). Warnings go to `/rosout` through `rosout` from the node's creation on. The
+/// steps, in order: start-up (entities on this thread, then the spin thread and the worker),
+/// waiting for the model, serving until a stop, and the shutdown sequence of the module doc.
+pub async fn run(
+    ctx: r2r::Context,
+    shutdown: impl Future<Output = ()>,
+    rosout: &RosoutTarget,
+) -> Result<(), NodeError> {
+    let (mut node, namespace) = create_node(ctx, rosout)?;
+    let params = read_params(&mut node)?;
+    // Asks read a snapshot of these; `ros2 param set` replaces it.
+    let live = LiveParams::new(params.clone());
+    let (mut tasks, clock, _param_events) = serve_parameters(&mut node, &live)?;
+    let diagnostics_period = params.diagnostics_period()?;
+    let session_idle = params.session_idle()?;
+    let action_result_timeout = params.action_result_timeout()?;
+    tracing::info!(?params, "parameters");
+    let publishers = create_publishers(&mut node, &params)?;
+    let registry = Arc::new(Registry::new(params.queue_depth));
+    tasks.push(serve_cancels(&mut node, &params, registry.clone())?);
+    let cameras = subscribe_cameras(&mut node, &params, &namespace, &mut tasks)?;
 
-/// QoS of `/vlm/answers`.
-pub fn answers_qos() -> QosProfile {
-    QosProfile::default()
-        .reliable()
-        .keep_last(ANSWERS_HISTORY_DEPTH)
-}
+    let (spin, ops) = SpinThread::start(node)?;
+    let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
+    let nuls = NulCount::default();
+    let diag = Diagnostics {
+        name: diagnostics::status_name(&names::full_name(&namespace, NODE_NAME)),
+        board: crate::health::board(),
+        clock: clock.clone(),
+        nuls: nuls.clone(),
+        publisher: publishers.diagnostics,
+        stats: stats.clone(),
+        registry: registry.clone(),
+        cameras: cameras.clone(),
+        ops: ops.clone(),
+        queue_depth: params.queue_depth,
+        params: live.clone(),
+    };
+    tasks.push(tokio::spawn(diagnostics::run(
+        diag.clone(),
+        diagnostics_period,
+    )));
+    let outputs = Outputs {
+        tokens: Box::new(publishers.tokens),
+        answers: Box::new(publishers.answers),
+        clock: clock.clone(),
+        nuls: nuls.clone(),
+    };
+    let worker = start_worker(
+        &params,
+        &live,
+        cameras.clone(),
+        session_idle,
+        outputs,
+        stats,
+    )?;
 
-type NodeOp = Box<dyn FnOnce(&mut r2r::Node) + Send>;
+    tokio::pin!(shutdown);
+    let loaded = wait_loaded(worker.ready, &mut shutdown).await;
+    let ask_ctx = Arc::new(AskContext {
+        params: live,
+        cameras,
+        registry: registry.clone(),
+        jobs: Mutex::new(Some(worker.jobs)),
+        schemas: match &loaded {
+            Some(Ok(l)) => Some(l.schemas.clone()),
+            _ => None,
+        },
+        compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+        clock,
+        nuls,
+    });
+    let (services, result) = serve_until_stopped(
+        loaded,
+        &params,
+        &ops,
+        &ask_ctx,
+        action_result_timeout,
+        &mut shutdown,
+    )
+    .await?;
 
-/// Runs operations on the spin thread, which owns the node.
-#[derive(Clone)]
-pub struct NodeOps {
-    tx: mpsc::Sender<NodeOp>,
-}
-
-impl NodeOps {
-    /// Runs `f` on the spin thread and returns its result (`None`: the node is gone).
-    pub async fn call<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut r2r::Node) -> R + Send + 'static,
-    ) -> Option<R> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let op: NodeOp = Box::new(move |node| {
-            let _ = tx.send(f(node));
-        });
-        self.tx.send(op).ok()?;
-        rx.await.ok()
+    if fatal::reason().is_some() {
+        last_word(&diag, params.bpu_timeout);
     }
+    let stopped = Stopping {
+        interrupt: worker.interrupt,
+        ask_ctx,
+        registry,
+        worker_thread: worker.thread,
+        services,
+        spin,
+        tasks,
+    };
+    stopped.stop(result).await
 }
 
-/// The one thread that owns and spins the `r2r::Node`.
-pub struct SpinThread {
-    stop: Arc<AtomicBool>,
-    handle: JoinHandle<()>,
-}
-
-impl SpinThread {
-    /// Moves `node` into a new `ros-spin` thread.
-    pub fn start(mut node: r2r::Node) -> Result<(Self, NodeOps), NodeError> {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let (tx, rx) = mpsc::channel::<NodeOp>();
-        let handle = std::thread::Builder::new()
-            .name("ros-spin".to_owned())
-            .spawn(move || {
-                while !flag.load(Ordering::Acquire) {
-                    node.spin_once(SPIN_PERIOD);
-                    while let Ok(op) = rx.try_recv() {
-                        op(&mut node);
-                    }
-                }
-                // Dropping the node here finalises its entities on the thread that used them.
-                drop(node);
-            })
-            .map_err(|e| NodeError::Thread("ros-spin", e))?;
-        Ok((Self { stop, handle }, NodeOps { tx }))
-    }
-
-    /// Stops spinning, drops the node and waits for the thread.
-    pub fn stop(self) -> Result<(), NodeError> {
-        self.stop.store(true, Ordering::Release);
-        self.handle
-            .join()
-            .map_err(|_| NodeError::Panicked("ros-spin"))
-    }
-}
-
-/// The model the parameters ask for (the embedded one when `model_dir` is empty, which
-/// [`Params::require_model`] allows only with `demo_model`).
-fn model_source(p: &Params) -> Result<ModelSource, String> {
-    match (&p.model_dir, p.backend) {
-        (Some(d), BackendChoice::Cpu) => Ok(ModelSource::Hf(d.clone())),
-        (Some(d), BackendChoice::Auto) => Ok(ModelSource::Package(d.clone())),
-        (None, _) => {
-            let root = embedded::cache_root(p.cache_dir.as_deref()).map_err(|e| e.to_string())?;
-            let pkg = embedded::ensure_package(&root).map_err(|e| e.to_string())?;
-            tracing::warn!(
-                package = %pkg.display(),
-                "demo_model: running the EMBEDDED TINY RANDOM MODEL on the BPU SIMULATOR \
-                 (its answers are random tokens; set model_dir to a package or, with backend:=cpu, \
-                 an HF checkpoint)"
-            );
-            Ok(ModelSource::Package(pkg))
-        }
-    }
+/// Creates the node and sends warnings to `/rosout` from now on; returns it with its
+/// namespace.
+fn create_node(ctx: r2r::Context, rosout: &RosoutTarget) -> Result<(r2r::Node, String), NodeError> {
+    let node = ros(
+        || format!("create node {NODE_NAME:?}"),
+        r2r::Node::create(ctx, NODE_NAME, ""),
+    )?;
+    rosout.attach(node.logger());
+    let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
+    Ok((node, namespace))
 }
 
 /// Reads the node's parameters (defaults overridden by the command line / params file); the
@@ -212,325 +239,357 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
     Ok(params)
 }
 
-/// Creates, runs and stops the node; returns when `shutdown` completes (or the model fails
-/// to load). Warnings go to `/rosout` through `rosout` from the node's creation on.
-pub async fn run(
-    ctx: r2r::Context,
-    shutdown: impl Future<Output = ()>,
-    rosout: &RosoutTarget,
-) -> Result<(), NodeError> {
-    let mut node = ros(
-        || format!("create node {NODE_NAME:?}"),
-        r2r::Node::create(ctx, NODE_NAME, ""),
-    )?;
-    rosout.attach(node.logger());
-    let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
-    diagnostics::set_node_name(&ros_names::full_name(&namespace, NODE_NAME));
-    let params = read_params(&mut node)?;
+/// The parameter services over `live`, and the node's clock: under `use_sim_time`, `/clock`
+/// is followed from before anything is published, so no stamp mixes the two clocks. Returns
+/// the tasks that serve them, the clock, and r2r's parameter event stream, which must
+/// outlive the node.
+fn serve_parameters(
+    node: &mut r2r::Node,
+    live: &LiveParams,
+) -> Result<(Vec<tokio::task::JoinHandle<()>>, RosClock, impl Sized), NodeError> {
     let sim_time = {
         let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
-        crate::clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
+        clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
     };
-    // Asks read a snapshot of these; `ros2 param set` replaces it.
-    let live = LiveParams::new(params.clone());
     let server: Arc<Mutex<dyn r2r::RosParams + Send>> =
         Arc::new(Mutex::new(ParamServer::new(live.clone(), sim_time)));
-    let (param_services, _events) = ros(
+    let (param_services, events) = ros(
         || "create the parameter services".to_owned(),
         node.make_derived_parameter_handler(server),
     )?;
-    // Subscribed before anything is published, so no stamp mixes the two clocks.
-    let sim_clock = if sim_time {
-        crate::clock::enable_sim_time();
-        Some(ros(
-            || format!("subscribe to {}", crate::clock::CLOCK_TOPIC),
+    let mut tasks = vec![tokio::spawn(param_services)];
+    let clock = if sim_time {
+        let clock = RosClock::simulated();
+        let sim_clock = ros(
+            || format!("subscribe to {}", CLOCK_TOPIC),
             node.subscribe::<r2r::rosgraph_msgs::msg::Clock>(
-                crate::clock::CLOCK_TOPIC,
+                CLOCK_TOPIC,
                 QosProfile::default().best_effort().keep_last(1),
             ),
-        )?)
+        )?;
+        tasks.push(tokio::spawn(clock.clone().follow(sim_clock)));
+        clock
     } else {
-        None
+        RosClock::default()
     };
     tracing::info!(sim_time, "stamps come from the node's ROS time");
-    let diagnostics_period = params.diagnostics_period()?;
-    let session_idle = params.session_idle()?;
-    let action_result_timeout = params.action_result_timeout()?;
-    tracing::info!(?params, "parameters");
+    Ok((tasks, clock, events))
+}
 
-    let tokens = ros(
-        || format!("create publisher {}", params.tokens_topic),
-        node.create_publisher::<Token>(&params.tokens_topic, tokens_qos()),
-    )?;
-    let answers = ros(
-        || format!("create publisher {}", params.answers_topic),
-        node.create_publisher::<Answer>(&params.answers_topic, answers_qos()),
-    )?;
-    let diag_pub = ros(
-        || "create publisher /diagnostics".to_owned(),
-        node.create_publisher::<r2r::diagnostic_msgs::msg::DiagnosticArray>(
-            diagnostics::TOPIC,
-            QosProfile::default(),
-        ),
-    )?;
-    let cancels = ros(
+/// The node's publishers.
+struct Publishers {
+    tokens: Publisher<Token>,
+    answers: Publisher<Answer>,
+    diagnostics: Publisher<DiagnosticArray>,
+}
+
+fn create_publishers(node: &mut r2r::Node, params: &Params) -> Result<Publishers, NodeError> {
+    Ok(Publishers {
+        tokens: ros(
+            || format!("create publisher {}", params.tokens_topic),
+            node.create_publisher::<Token>(&params.tokens_topic, tokens_qos()),
+        )?,
+        answers: ros(
+            || format!("create publisher {}", params.answers_topic),
+            node.create_publisher::<Answer>(&params.answers_topic, answers_qos()),
+        )?,
+        diagnostics: ros(
+            || "create publisher /diagnostics".to_owned(),
+            node.create_publisher::<DiagnosticArray>(diagnostics::TOPIC, QosProfile::default()),
+        )?,
+    })
+}
+
+/// `/vlm/cancel`, answered from `registry` by its own task.
+fn serve_cancels(
+    node: &mut r2r::Node,
+    params: &Params,
+    registry: Arc<Registry>,
+) -> Result<tokio::task::JoinHandle<()>, NodeError> {
+    let mut cancels = ros(
         || format!("create service {}", params.cancel_service),
         node.create_service::<Cancel::Service>(
             &params.cancel_service,
             QosProfile::services_default(),
         ),
     )?;
-
-    let mut tasks = vec![tokio::spawn(param_services)];
-    if let Some(c) = sim_clock {
-        tasks.push(tokio::spawn(crate::clock::follow(c)));
-    }
-    let cameras = if params.vision {
-        // The cache lists each camera by its resolved name (what `image_source` reports); the
-        // configured names stay valid for a request's `camera`.
-        let resolved = |t: &str| ros_names::expand(t, &namespace, NODE_NAME);
-        let configured = cameras::topics(&params);
-        let cache = CameraCache::new(
-            CacheConfig {
-                topics: configured.iter().map(|t| resolved(t)).collect(),
-                default_camera: params.default_camera().map(|t| resolved(&t)),
-                warn_interval: Duration::from_secs(5),
-            },
-            Instant::now(),
-        )?
-        .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?;
-        let cache = Arc::new(cache);
-        let qos = cameras::camera_qos(params.camera_qos);
-        for t in &params.image_topics {
-            let s = ros(
-                || format!("subscribe to {t}"),
-                node.subscribe::<r2r::sensor_msgs::msg::Image>(t, qos.clone()),
-            )?;
-            tasks.push(tokio::spawn(cameras::drain(
-                resolved(t),
-                s.map(CameraMsg::Raw),
-                cache.clone(),
-            )));
-        }
-        for t in &params.compressed_image_topics {
-            let s = ros(
-                || format!("subscribe to {t}"),
-                node.subscribe::<r2r::sensor_msgs::msg::CompressedImage>(t, qos.clone()),
-            )?;
-            tasks.push(tokio::spawn(cameras::drain(
-                resolved(t),
-                s.map(CameraMsg::Compressed),
-                cache.clone(),
-            )));
-        }
-        Some(cache)
-    } else {
-        None
-    };
-
-    let (spin, ops) = SpinThread::start(node)?;
-    let registry = Arc::new(Registry::new(params.queue_depth));
-    let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
-    tasks.push(tokio::spawn({
-        let registry = registry.clone();
-        let mut cancels = cancels;
-        async move {
-            while let Some(req) = cancels.next().await {
-                test_hooks::point(Site::Cancel);
-                let resp = ask::cancel(&req.message, &registry);
-                if let Err(e) = req.respond(resp) {
-                    tracing::warn!(error = %e, "could not send the cancel response");
-                }
+    Ok(tokio::spawn(async move {
+        while let Some(req) = cancels.next().await {
+            test_hooks::point(Site::Cancel);
+            let resp = ask::cancel(&req.message, &registry);
+            if let Err(e) = req.respond(resp) {
+                tracing::warn!(error = %e, "could not send the cancel response");
             }
         }
-    }));
-    let diag = diagnostics::Diagnostics {
-        publisher: diag_pub,
-        stats: stats.clone(),
-        registry: registry.clone(),
-        cameras: cameras.clone(),
-        ops: ops.clone(),
-        queue_depth: params.queue_depth,
-        params: live.clone(),
-    };
-    tasks.push(tokio::spawn(diagnostics::run(
-        diag.clone(),
-        diagnostics_period,
-    )));
+    }))
+}
 
+/// The latest-frame cache and a subscription (with its draining task) per camera topic;
+/// `None` without vision.
+fn subscribe_cameras(
+    node: &mut r2r::Node,
+    params: &Params,
+    namespace: &str,
+    tasks: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> Result<Option<Arc<CameraCache>>, NodeError> {
+    if !params.vision {
+        return Ok(None);
+    }
+    // The cache lists each camera by its resolved name (what `image_source` reports); the
+    // configured names stay valid for a request's `camera`.
+    let resolved = |t: &str| names::expand(t, namespace, NODE_NAME);
+    let configured = cameras::topics(params);
+    let cache = CameraCache::new(
+        CacheConfig {
+            topics: configured.iter().map(|t| resolved(t)).collect(),
+            default_camera: params.default_camera().map(|t| resolved(&t)),
+            warn_interval: Duration::from_secs(5),
+        },
+        Instant::now(),
+    )?
+    .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?;
+    let cache = Arc::new(cache);
+    let qos = cameras::camera_qos(params.camera_qos);
+    for t in &params.image_topics {
+        let s = ros(
+            || format!("subscribe to {t}"),
+            node.subscribe::<r2r::sensor_msgs::msg::Image>(t, qos.clone()),
+        )?;
+        tasks.push(tokio::spawn(cameras::drain(
+            resolved(t),
+            s.map(CameraMsg::Raw),
+            cache.clone(),
+        )));
+    }
+    for t in &params.compressed_image_topics {
+        let s = ros(
+            || format!("subscribe to {t}"),
+            node.subscribe::<r2r::sensor_msgs::msg::CompressedImage>(t, qos.clone()),
+        )?;
+        tasks.push(tokio::spawn(cameras::drain(
+            resolved(t),
+            s.map(CameraMsg::Compressed),
+            cache.clone(),
+        )));
+    }
+    Ok(Some(cache))
+}
+
+/// The worker thread as the node holds it.
+struct WorkerHandle {
+    thread: JoinHandle<()>,
+    /// The queue the ask path sends jobs into.
+    jobs: mpsc::Sender<crate::serve::job::Job>,
+    /// How loading ended.
+    ready: tokio::sync::oneshot::Receiver<Ready>,
+    /// Raised at shutdown: loading and warm-up stop at their next step.
+    interrupt: Interrupt,
+}
+
+/// Starts the `vlm-worker` thread, which opens the model there and serves the queue.
+fn start_worker(
+    p: &Params,
+    live: &LiveParams,
+    cameras: Option<Arc<CameraCache>>,
+    session_idle: Duration,
+    outputs: Outputs,
+    stats: SharedStats,
+) -> Result<WorkerHandle, NodeError> {
     let (job_tx, job_rx) = mpsc::channel();
     let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
     let interrupt = Interrupt::new();
-    let worker_thread = {
-        let p = params.clone();
-        let stats = stats.clone();
-        let outputs = Outputs { tokens, answers };
-        let config = WorkerConfig {
-            session_memory_bytes: p.session_memory_bytes,
-            session_idle,
-            warm_up_system: p.system_prompt.clone(),
-            interrupt: interrupt.clone(),
-            prefill: cameras
-                .clone()
-                .filter(|_| p.prefill_latest_frame)
-                .map(|cameras| PrefillConfig {
-                    cameras,
-                    camera: p.prefill_camera.clone(),
-                    duty: p.prefill_duty,
-                    // Checked finite and >= 0; a value past Duration's range means no limit.
-                    max_age: Duration::try_from_secs_f64(p.prefill_max_age_s)
-                        .unwrap_or(Duration::MAX),
-                    params: live.clone(),
-                    ask_priority: p.bpu_priority,
-                }),
-        };
-        let open_interrupt = interrupt.clone();
-        std::thread::Builder::new()
-            .name(WORKER_THREAD.to_owned())
-            .spawn(move || {
-                let open = || {
-                    let source = model_source(&p).map_err(|reason| {
-                        vlm::assistant::AssistantError::File {
-                            path: p.cache_dir.clone().unwrap_or_default(),
-                            reason,
-                        }
-                    })?;
-                    let mut opts = OpenOptions {
-                        vision: p.vision,
-                        interrupt: open_interrupt.clone(),
-                        ..OpenOptions::default()
-                    };
-                    opts.bpu.priority = p.bpu_priority;
-                    opts.bpu.timeout = p.bpu_timeout;
-                    opts.bpu.prefill_tail = p.prefill_tail;
-                    opts.bpu.pool_check = p.bpu_pool_check;
-                    opts.bpu.flush = p.bpu_flush;
-                    opts.bpu.keep_set =
-                        p.vision && p.prefill_latest_frame && p.prefill_keep_on_device;
-                    // The calibrated tail decision is cached beside the embedded package.
-                    opts.bpu.cache_dir = p.cache_dir.clone();
-                    open_assistant(&source, &opts)
-                };
-                worker::run(open, config, job_rx, outputs, stats, ready_tx);
-            })
-            .map_err(|e| NodeError::Thread(WORKER_THREAD, e))?
+    let config = WorkerConfig {
+        session_memory_bytes: p.session_memory_bytes,
+        session_idle,
+        warm_up_system: p.system_prompt.clone(),
+        interrupt: interrupt.clone(),
+        prefill: cameras
+            .filter(|_| p.prefill_latest_frame)
+            .map(|cameras| PrefillConfig {
+                cameras,
+                camera: p.prefill_camera.clone(),
+                duty: p.prefill_duty,
+                // Checked finite and >= 0; a value past Duration's range means no limit.
+                max_age: Duration::try_from_secs_f64(p.prefill_max_age_s).unwrap_or(Duration::MAX),
+                params: live.clone(),
+                ask_priority: p.bpu_priority,
+            }),
     };
+    let p = p.clone();
+    let open_interrupt = interrupt.clone();
+    let thread = std::thread::Builder::new()
+        .name(WORKER_THREAD.to_owned())
+        .spawn(move || {
+            let open = || model::open(&p, &open_interrupt);
+            worker::run(open, config, job_rx, outputs, stats, ready_tx);
+        })
+        .map_err(|e| NodeError::Thread(WORKER_THREAD, e))?;
+    Ok(WorkerHandle {
+        thread,
+        jobs: job_tx,
+        ready: ready_rx,
+        interrupt,
+    })
+}
 
-    tokio::pin!(shutdown);
-    let loaded = tokio::select! {
-        r = ready_rx => Some(r.unwrap_or_else(|_| Err(LoadFailure {
+/// How loading ended; `None` when a shutdown came first.
+async fn wait_loaded(
+    ready: tokio::sync::oneshot::Receiver<Ready>,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Option<Ready> {
+    tokio::select! {
+        r = ready => Some(r.unwrap_or_else(|_| Err(LoadFailure {
             message: "the worker thread stopped before the model was loaded".into(),
             runtime: true,
         }))),
-        () = &mut shutdown => None,
+        () = shutdown => None,
         reason = fatal::wait() => Some(Err(LoadFailure { message: reason, runtime: true })),
-    };
-    let ask_ctx = Arc::new(AskContext {
-        params: live,
-        cameras,
-        registry: registry.clone(),
-        jobs: Mutex::new(Some(job_tx)),
-        schemas: match &loaded {
-            Some(Ok(l)) => Some(l.schemas.clone()),
-            _ => None,
-        },
-        compiles: tokio::sync::Semaphore::new(crate::structured::COMPILES_AT_ONCE),
-    });
-    let mut result = Ok(());
-    let mut ask_server = None;
-    let mut action_server = None;
-    match loaded {
-        Some(Ok(worker::Loaded { info, .. })) => {
-            let name = params.ask_service.clone();
-            let asks = ops
-                .call(move |n| {
-                    n.create_service::<Ask::Service>(&name, QosProfile::services_default())
-                })
-                .await
-                .ok_or(NodeError::SpinGone)?;
-            let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
-            ask_server = Some(AskServer::start(asks, ask_ctx.clone()));
-            // Created with /ask and for the same reason: a goal that finds the action can
-            // be served.
-            let name = params.action_name.clone();
-            let action = ops
-                .call(move |n| ask_action::Entities::create(n, &name))
-                .await
-                .ok_or(NodeError::SpinGone)?;
-            let action = ros(|| format!("create action {}", params.action_name), action)?;
-            action_server = Some(AskActionServer::start(
-                action,
-                ask_ctx.clone(),
-                action_result_timeout,
-            ));
-            tracing::info!(
-                tokens = %params.tokens_topic,
-                "vlm_node ready: model {} on {}, service {}, action {}",
-                info.name,
-                info.backend,
-                params.ask_service,
-                params.action_name
-            );
-            tokio::select! {
-                () = &mut shutdown => {}
-                reason = fatal::wait() => result = Err(NodeError::Failed(reason)),
-            }
-        }
-        Some(Err(e)) if e.runtime => result = Err(NodeError::Failed(e.message)),
+    }
+}
+
+/// The request servers, once the model is loaded.
+#[derive(Default)]
+struct Services {
+    ask: Option<AskServer>,
+    action: Option<AskActionServer>,
+}
+
+/// Once the model is loaded: creates `/ask` and the action (only now, so a client that sees
+/// them can be answered) and serves until `shutdown` or a runtime failure. Otherwise says
+/// why the node stops. `Err`: the servers could not be created, and the node stops at once.
+async fn serve_until_stopped(
+    loaded: Option<Ready>,
+    params: &Params,
+    ops: &NodeOps,
+    ask_ctx: &Arc<AskContext>,
+    action_result_timeout: Duration,
+    shutdown: &mut (impl Future<Output = ()> + Unpin),
+) -> Result<(Services, Result<(), NodeError>), NodeError> {
+    let mut services = Services::default();
+    let loaded = match loaded {
+        Some(Ok(l)) => l,
+        Some(Err(e)) if e.runtime => return Ok((services, Err(NodeError::Failed(e.message)))),
         Some(Err(e)) => {
             tracing::error!("the model could not be loaded: {}", e.message);
-            result = Err(NodeError::Model(e.message));
+            return Ok((services, Err(NodeError::Model(e.message))));
         }
-        None => tracing::info!("shutdown requested while loading"),
-    }
+        None => {
+            tracing::info!("shutdown requested while loading");
+            return Ok((services, Ok(())));
+        }
+    };
+    create_services(&mut services, params, ops, ask_ctx, action_result_timeout).await?;
+    tracing::info!(
+        tokens = %params.tokens_topic,
+        "vlm_node ready: model {} on {}, service {}, action {}",
+        loaded.info.name,
+        loaded.info.backend,
+        params.ask_service,
+        params.action_name
+    );
+    let result = tokio::select! {
+        () = shutdown => Ok(()),
+        reason = fatal::wait() => Err(NodeError::Failed(reason)),
+    };
+    Ok((services, result))
+}
 
-    if fatal::reason().is_some() {
-        // A stuck driver call must not keep a failed node alive; the ERROR status goes out
-        // before anything is torn down, even when the diagnostics task is what panicked.
-        fatal::exit_after(params.bpu_timeout + FATAL_GRACE);
-        let mut nuls = crate::health::NulWatch::default();
-        if let Err(p) = crate::panics::contained(|| diagnostics::publish(&diag, &mut nuls)) {
-            tracing::error!("the final diagnostics could not be published: {p}");
-        }
-    }
-    tracing::info!("shutting down: cancelling live requests, releasing the model, finalising ROS");
-    interrupt.raise();
-    // Closing the queue first: nothing is admitted after the cancel below. The worker loop
-    // ends once the (cancelled) jobs are answered.
-    ask_ctx.close();
-    let live = registry.cancel_all();
-    if live > 0 {
-        tracing::info!(live, "cancelled live requests");
-    }
-    // Joined on a blocking thread: the worker may still be finishing a graph call.
-    let joined = tokio::task::spawn_blocking(move || worker_thread.join())
+async fn create_services(
+    services: &mut Services,
+    params: &Params,
+    ops: &NodeOps,
+    ask_ctx: &Arc<AskContext>,
+    action_result_timeout: Duration,
+) -> Result<(), NodeError> {
+    let name = params.ask_service.clone();
+    let asks = ops
+        .call(move |n| n.create_service::<Ask::Service>(&name, QosProfile::services_default()))
         .await
-        .map_err(|_| NodeError::Panicked(WORKER_THREAD))
-        .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
-    // Every job is answered or dropped now, so each /ask task can send its response.
-    if let Some(server) = ask_server {
-        server.finish().await;
-    }
-    if let Some(server) = action_server {
-        server.finish().await;
-    }
-    // Every final Token, Answer and response has been handed to DDS (publish and respond
-    // return once the middleware has the sample); the node goes only after that.
-    let spin_result = tokio::task::spawn_blocking(move || spin.stop())
+        .ok_or(NodeError::SpinGone)?;
+    let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
+    services.ask = Some(AskServer::start(asks, ask_ctx.clone()));
+    // Created with /ask and for the same reason: a goal that finds the action can be served.
+    let name = params.action_name.clone();
+    let action = ops
+        .call(move |n| ask_action::Entities::create(n, &name))
         .await
-        .map_err(|_| NodeError::Panicked("ros-spin"))
-        .and_then(|r| r);
-    for t in tasks {
-        t.abort();
-        let _ = t.await;
-    }
-    // A runtime failure raised at any point, shutdown included, decides the exit code.
-    if let (Ok(()), Some(reason)) = (&result, fatal::reason()) {
-        result = Err(NodeError::Failed(reason.to_owned()));
-    }
-    result?;
-    joined?;
-    spin_result?;
-    tracing::info!("vlm_node stopped cleanly");
+        .ok_or(NodeError::SpinGone)?;
+    let action = ros(|| format!("create action {}", params.action_name), action)?;
+    services.action = Some(AskActionServer::start(
+        action,
+        ask_ctx.clone(),
+        action_result_timeout,
+    ));
     Ok(())
+}
+
+/// After a runtime failure: a stuck driver call must not keep a failed node alive, and the
+/// ERROR status goes out before anything is torn down, even when the diagnostics task is
+/// what panicked.
+fn last_word(diag: &Diagnostics, bpu_timeout: Duration) {
+    fatal::exit_after(bpu_timeout + FATAL_GRACE);
+    let mut nuls = crate::health::NulWatch::default();
+    if let Err(p) = crate::process::panics::contained(|| diagnostics::publish(diag, &mut nuls)) {
+        tracing::error!("the final diagnostics could not be published: {p}");
+    }
+}
+
+/// What the shutdown sequence (the module doc's) stops, in its order.
+struct Stopping {
+    interrupt: Interrupt,
+    ask_ctx: Arc<AskContext>,
+    registry: Arc<Registry>,
+    worker_thread: JoinHandle<()>,
+    services: Services,
+    spin: SpinThread,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Stopping {
+    async fn stop(self, mut result: Result<(), NodeError>) -> Result<(), NodeError> {
+        tracing::info!(
+            "shutting down: cancelling live requests, releasing the model, finalising ROS"
+        );
+        self.interrupt.raise();
+        // Closing the queue first: nothing is admitted after the cancel below. The worker
+        // loop ends once the (cancelled) jobs are answered.
+        self.ask_ctx.close();
+        let live = self.registry.cancel_all();
+        if live > 0 {
+            tracing::info!(live, "cancelled live requests");
+        }
+        // Joined on a blocking thread: the worker may still be finishing a graph call.
+        let worker_thread = self.worker_thread;
+        let joined = tokio::task::spawn_blocking(move || worker_thread.join())
+            .await
+            .map_err(|_| NodeError::Panicked(WORKER_THREAD))
+            .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
+        // Every job is answered or dropped now, so each /ask task can send its response.
+        if let Some(server) = self.services.ask {
+            server.finish().await;
+        }
+        if let Some(server) = self.services.action {
+            server.finish().await;
+        }
+        // Every final Token, Answer and response has been handed to DDS (publish and respond
+        // return once the middleware has the sample); the node goes only after that.
+        let spin = self.spin;
+        let spin_result = tokio::task::spawn_blocking(move || spin.stop())
+            .await
+            .map_err(|_| NodeError::Panicked("ros-spin"))
+            .and_then(|r| r.map_err(NodeError::from));
+        for t in self.tasks {
+            t.abort();
+            let _ = t.await;
+        }
+        // A runtime failure raised at any point, shutdown included, decides the exit code.
+        if let (Ok(()), Some(reason)) = (&result, fatal::reason()) {
+            result = Err(NodeError::Failed(reason.to_owned()));
+        }
+        result?;
+        joined?;
+        spin_result?;
+        tracing::info!("vlm_node stopped cleanly");
+        Ok(())
+    }
 }

@@ -1,5 +1,5 @@
-//! Request planning (`bpu_vlm::ask::plan`) over hostile requests: every Ask field random —
-//! NaN, ±inf, huge, negative, empty, very long, many images, many stop strings — always ends
+//! Request planning (`bpu_vlm::request::plan::plan_async`, as the node runs it) over hostile
+//! requests: every Ask field random — NaN, ±inf, huge, negative, empty, very long, many images, many stop strings — always ends
 //! in a plan or a refusal, never a panic; a plan never breaks a bound; and one bad field is
 //! refused with `invalid_request` naming it. No ROS graph: planning is plain data in, data out
 //! (tests/node.rs drives the same cases through a real node).
@@ -9,14 +9,13 @@ mod planning;
 
 use std::time::{Duration, Instant};
 
-use bpu_vlm::ask::plan;
 use bpu_vlm::interface::ErrorCode;
-use bpu_vlm::limits::{MAX_ID_BYTES, MAX_STOP_STRING_BYTES};
 use bpu_vlm::msgs::srv::Ask;
+use bpu_vlm::request::limits::{MAX_ID_BYTES, MAX_STOP_STRING_BYTES};
 use proptest::prelude::*;
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 
-use planning::{cameras, params, schemas, valid};
+use planning::{cameras, params, plan, schemas, valid};
 
 /// Doubles a client can send: the sentinels, the edges of every rule, the values that overflow
 /// a `Duration` (above u64::MAX s) or only an `Instant` (above i64::MAX s), and any bit pattern.

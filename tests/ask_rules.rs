@@ -1,5 +1,5 @@
-//! Request planning (`bpu_vlm::ask::plan`) case by case: the valid request and its edges,
-//! each bad number and each size bound refused naming its field or parameter, request text
+//! Request planning (`bpu_vlm::request::plan::plan_async`, as the node runs it) case by
+//! case: the valid request and its edges, each bad number and each size bound refused naming its field or parameter, request text
 //! and images moved (not copied) into the job, image identities in a conversation, and the
 //! rules of a request with a `json_schema`. (tests/ask_planning.rs throws random hostile
 //! requests at the same function.)
@@ -7,16 +7,16 @@
 
 mod planning;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use bpu_vlm::ask::plan;
 use bpu_vlm::interface::ErrorCode;
 use bpu_vlm::msgs::srv::Ask;
 use camera_frame::{CameraCache, Frame, ImageMsg, Limits, Stamp};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use vlm::engine::ImageInput;
 
-use planning::{cameras, params, refusal, schemas, valid, Mutation};
+use planning::{cameras, params, plan, refusal, schemas, valid, Mutation};
 
 #[test]
 fn the_valid_request_is_planned() {
@@ -192,7 +192,7 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
 fn image_keys_name_the_cached_message_or_the_pixels() {
     let t0 = Instant::now();
     let cams = cameras(t0);
-    let keys = |r: Ask::Request, cams: &CameraCache| {
+    let keys = |r: Ask::Request, cams: &Arc<CameraCache>| {
         let mut job = plan(r, &params(), Some(cams), None, t0).unwrap();
         let (inputs, keys) = job.images.take_inputs().unwrap();
         assert_eq!(inputs.len(), keys.len());

@@ -223,11 +223,14 @@ async fn node_without_model_dir_needs_demo_model() -> anyhow::Result<()> {
     let (exit, log) = node.exited(Duration::from_secs(30)).await?;
     assert_eq!(
         exit.code(),
-        Some(i32::from(bpu_vlm::fatal::EXIT_CONFIG)),
+        Some(i32::from(bpu_vlm::process::fatal::EXIT_CONFIG)),
         "exit status {exit}; log:\n{log}"
     );
     assert!(log.contains("parameter `model_dir`"), "{log}");
-    assert!(log.contains(bpu_vlm::params::EXAMPLE_MODEL_DIR), "{log}");
+    assert!(
+        log.contains(bpu_vlm::ros::params::EXAMPLE_MODEL_DIR),
+        "{log}"
+    );
     assert!(log.contains("demo_model:=true"), "{log}");
     assert!(!log.contains("EMBEDDED TINY RANDOM MODEL"), "{log}");
 
@@ -262,7 +265,7 @@ fn log_level_argument_sets_the_node_log_filter() {
             .unwrap();
         assert_eq!(
             out.status.code(),
-            Some(i32::from(bpu_vlm::fatal::EXIT_CONFIG))
+            Some(i32::from(bpu_vlm::process::fatal::EXIT_CONFIG))
         );
         let log = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(log.contains("parameter `model_dir`"), "{log}");

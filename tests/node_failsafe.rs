@@ -18,7 +18,7 @@ use vlm::assistant::{Reply, Turn};
 use vlm_bpu::sim::{make_sim_package, PackageOptions};
 use vlm_bpu::{open_assistant, ModelSource, OpenOptions};
 
-use bpu_vlm::fatal::EXIT_RUNTIME;
+use bpu_vlm::process::fatal::EXIT_RUNTIME;
 use common::node_proc::{cache_dir, check_messages, check_stream, domain, peer_env, start_node};
 use common::{peer_report, peer_report_with, repo_root, ros_env, spawn_python};
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use serde_json::Value;
 
-use bpu_vlm::params::SPECS;
+use bpu_vlm::ros::params::SPECS;
 use common::node_proc::{domain, peer_env, start_demo_node, start_node_from_file};
 use common::ros_env;
 

@@ -238,7 +238,7 @@ async fn a_second_sigint_exits_at_once_with_130() -> anyhow::Result<()> {
     let (status, log) = node.exit().await?;
     assert_eq!(
         status.code(),
-        Some(bpu_vlm::signals::EXIT_SECOND_SIGINT),
+        Some(bpu_vlm::process::signals::EXIT_SECOND_SIGINT),
         "{status}"
     );
     let second = index(&log, "second signal (SIGINT)").expect("the second signal is logged");

@@ -4,13 +4,16 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use bpu_vlm::ask::plan;
 use bpu_vlm::interface::ErrorCode;
 use bpu_vlm::msgs::srv::Ask;
-use bpu_vlm::params::Params;
+use bpu_vlm::request::context::AskContext;
+use bpu_vlm::request::plan::plan_async;
+use bpu_vlm::ros::params::Params;
+use bpu_vlm::serve::failure::Failure;
+use bpu_vlm::serve::job::JobPlan;
 use camera_frame::{CacheConfig, CameraCache, Frame, ImageMsg, Limits, Stamp};
 use vlm::assistant::load_tokenizer;
 use vlm::structured::JsonSchemas;
@@ -21,16 +24,35 @@ pub fn params() -> Params {
 
 /// The JSON-schema compiler of the embedded demo model (its tokenizer, its 640-id
 /// vocabulary), as the node hands it to planning once the model is loaded.
-pub fn schemas() -> &'static JsonSchemas {
-    static SCHEMAS: OnceLock<JsonSchemas> = OnceLock::new();
+pub fn schemas() -> &'static Arc<JsonSchemas> {
+    static SCHEMAS: OnceLock<Arc<JsonSchemas>> = OnceLock::new();
     SCHEMAS.get_or_init(|| {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/models/tiny-4b");
-        JsonSchemas::new(load_tokenizer(&dir.join("tokenizer.json")).unwrap(), 640)
+        Arc::new(JsonSchemas::new(
+            load_tokenizer(&dir.join("tokenizer.json")).unwrap(),
+            640,
+        ))
     })
 }
 
+/// Plans `req` on the path the node runs ([`plan_async`]) over parameters `p`, with
+/// `cameras` (`None`: no vision) and `schemas` (`None`: no model loaded yet), at `now`.
+pub fn plan(
+    req: Ask::Request,
+    p: &Params,
+    cameras: Option<&Arc<CameraCache>>,
+    schemas: Option<&Arc<JsonSchemas>>,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    let ctx = AskContext::new(p.clone(), cameras.cloned(), schemas.cloned());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(plan_async(req, Arc::new(p.clone()), &ctx, now))
+}
+
 /// A cache with one camera holding a frame that arrived at `t0` and one that never sent any.
-pub fn cameras(t0: Instant) -> CameraCache {
+pub fn cameras(t0: Instant) -> Arc<CameraCache> {
     let c = CameraCache::new(
         CacheConfig {
             topics: vec!["/cam".into(), "/silent".into()],
@@ -52,7 +74,7 @@ pub fn cameras(t0: Instant) -> CameraCache {
         &Limits::default(),
     );
     c.record("/cam", frame, Stamp::default(), t0).unwrap();
-    c
+    Arc::new(c)
 }
 
 /// An edit of a request (one field set to a test value).

@@ -1,0 +1,113 @@
+//! `/ask` and `/vlm/cancel`: a request is planned ([`crate::request::plan`]), admitted to the
+//! bounded queue and handed to the worker thread. Nothing here blocks on inference: a refused
+//! request is answered at once, an admitted one by the worker when it finishes.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::interface::ErrorCode;
+use crate::msgs::srv::{Ask, Cancel};
+use crate::request::context::AskContext;
+use crate::request::plan::plan_async;
+use crate::serve::failure::Failure;
+use crate::serve::job::Job;
+use crate::serve::outcome::refused;
+use crate::serve::registry::{AdmitError, Registry};
+use crate::serve::token_sink::GoalFeedback;
+
+/// What an Ask action goal adds to its request: the cancel flag the goal's cancel sets
+/// (from the start, so a cancel that comes before admission is not lost) and where its
+/// Tokens go as feedback. A service request has neither.
+#[derive(Default)]
+pub(crate) struct GoalHooks {
+    pub cancel: Option<Arc<AtomicBool>>,
+    pub feedback: Option<GoalFeedback>,
+}
+
+/// Handles one Ask request to its response; `hooks` are an action goal's (none for a
+/// service request).
+pub(crate) async fn handle_with(
+    req: Ask::Request,
+    ctx: Arc<AskContext>,
+    hooks: GoalHooks,
+) -> Ask::Response {
+    let now = Instant::now();
+    let id = if req.request_id.is_empty() {
+        ctx.registry.fresh_id()
+    } else {
+        req.request_id.clone()
+    };
+    let mut plan = match plan_async(req, ctx.params.snapshot(), &ctx, now).await {
+        Ok(p) => p,
+        Err(f) => {
+            tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
+            return refused(id, f, &ctx.nuls);
+        }
+    };
+    let admitted = match hooks.cancel {
+        Some(flag) => ctx.registry.admit_with(&id, flag),
+        None => ctx.registry.admit(&id),
+    };
+    let admission = match admitted {
+        Ok(a) => a,
+        Err(e) => {
+            let code = match e {
+                AdmitError::Busy { .. } => ErrorCode::Busy,
+                AdmitError::DuplicateId(_) => ErrorCode::InvalidRequest,
+            };
+            tracing::info!(request_id = %id, code = code.as_str(), "ask refused: {e}");
+            return refused(id, Failure::new(code, e.to_string()), &ctx.nuls);
+        }
+    };
+    plan.turn.cancel = Some(admission.cancel_flag());
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let job = Job {
+        id: id.clone(),
+        plan,
+        admission,
+        respond: tx,
+        feedback: hooks.feedback,
+    };
+    // A job that is not sent comes back in the error and is dropped with its admission here,
+    // so its place is free before the refusal goes out.
+    let sent = match ctx.jobs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        Some(s) => s.send(job).is_ok(),
+        None => false,
+    };
+    if !sent {
+        return refused(
+            id,
+            Failure::new(ErrorCode::NotReady, "the engine is shutting down"),
+            &ctx.nuls,
+        );
+    }
+    tracing::debug!(request_id = %id, "ask queued");
+    match rx.await {
+        Ok(r) => r,
+        Err(_) => refused(
+            id,
+            Failure::new(
+                ErrorCode::BackendError,
+                "the engine stopped before answering",
+            ),
+            &ctx.nuls,
+        ),
+    }
+}
+
+/// Handles one Cancel request.
+pub(crate) fn cancel(req: &Cancel::Request, registry: &Registry) -> Cancel::Response {
+    if registry.cancel(&req.request_id) {
+        tracing::info!(request_id = %req.request_id, "cancel requested");
+        Cancel::Response {
+            success: true,
+            message: format!("request {:?} is being cancelled", req.request_id),
+        }
+    } else {
+        Cancel::Response {
+            success: false,
+            message: format!("no queued or running request has id {:?}", req.request_id),
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! What every ask shares: the parameters in force, the cameras, admission, the worker's
+//! queue, the schema compiler and its permits, the clock and the NUL count. Planning
+//! ([`crate::request::plan`]) reads it, the ask path (`request::ask`) queues through it.
+
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+
+use camera_frame::CameraCache;
+use vlm::structured::JsonSchemas;
+
+use crate::request::structured;
+use crate::ros::clock::RosClock;
+use crate::ros::param_server::LiveParams;
+use crate::ros::params::Params;
+use crate::ros::text::NulCount;
+use crate::serve::job::Job;
+use crate::serve::registry::Registry;
+
+/// Everything an ask handler needs, shared by all requests.
+pub struct AskContext {
+    /// The parameters in force; each ask takes a snapshot (`ros2 param set` replaces them).
+    pub(crate) params: LiveParams,
+    /// `None` when the node runs without vision.
+    pub(crate) cameras: Option<Arc<CameraCache>>,
+    pub(crate) registry: Arc<Registry>,
+    /// The worker's queue; `None` once the node is shutting down.
+    pub(crate) jobs: std::sync::Mutex<Option<Sender<Job>>>,
+    /// The served model's JSON-schema compiler: a request's `json_schema` is compiled (or
+    /// refused) here, before queueing.
+    pub(crate) schemas: Option<Arc<JsonSchemas>>,
+    /// Permits to compile a schema ([`structured::COMPILES_AT_ONCE`]).
+    pub(crate) compiles: tokio::sync::Semaphore,
+    /// Stamps what the ask path publishes itself (an action goal's acceptance).
+    pub(crate) clock: RosClock,
+    /// Counts the NULs replaced in refusals.
+    pub(crate) nuls: NulCount,
+}
+
+impl AskContext {
+    /// A context over `params` with its own registry (`queue_depth` places) and no queue
+    /// yet (asks are refused `not_ready` at admission): what planning needs, as the node
+    /// builds it once the model is loaded.
+    pub fn new(
+        params: Params,
+        cameras: Option<Arc<CameraCache>>,
+        schemas: Option<Arc<JsonSchemas>>,
+    ) -> Self {
+        let registry = Arc::new(Registry::new(params.queue_depth));
+        Self {
+            params: LiveParams::new(params),
+            cameras,
+            registry,
+            jobs: std::sync::Mutex::new(None),
+            schemas,
+            compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+            clock: RosClock::default(),
+            nuls: NulCount::default(),
+        }
+    }
+
+    /// Closes the queue: later asks are refused, the worker ends after the queued ones.
+    /// A lock poisoned by a panicking ask task still holds a consistent `Option`, so it is
+    /// used as it is: skipping the close would leave the worker waiting for jobs forever.
+    pub(crate) fn close(&self) {
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}

@@ -1,0 +1,12 @@
+//! Requests from their arrival to the worker's queue: `/ask` and `/vlm/cancel` (`ask`, all
+//! asks sharing one [`context`]), the checks and the job they build ([`plan`], sizes first
+//! in [`limits`], `json_schema` in `structured`), the `/ask` service's tasks (`ask_server`)
+//! and the Ask action (`ask_action`). The top room: it hands jobs to [`crate::serve`].
+
+pub(crate) mod ask;
+pub(crate) mod ask_action;
+pub(crate) mod ask_server;
+pub mod context;
+pub mod limits;
+pub mod plan;
+pub(crate) mod structured;

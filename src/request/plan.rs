@@ -1,0 +1,452 @@
+//! Planning an Ask request: every check (sizes first, [`crate::request::limits`]), the
+//! sampling settings over the node's defaults, the `json_schema` compiled
+//! (`crate::request::structured`), the image picked, and the job's plan built. A request
+//! that fails a check is refused with the reason; nothing is queued here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camera_frame::{CameraCache, Limits, SelectError};
+use r2r::sensor_msgs::msg::{CompressedImage, Image};
+use serde_json::Value;
+use vlm::assistant::Turn;
+use vlm::sampler::SamplingParams;
+use vlm::structured::JsonSchema;
+
+use crate::interface::{enable_thinking, ErrorCode};
+use crate::msgs::srv::Ask;
+use crate::request::context::AskContext;
+use crate::request::limits::check_sizes;
+use crate::request::structured;
+use crate::ros::cameras::{frame_from_compressed, frame_from_image, frame_header};
+use crate::ros::params::{time_limit, Params, MAX_NEW_TOKENS_LIMIT};
+use crate::serve::failure::Failure;
+use crate::serve::job::{Images, JobPlan};
+
+/// The camera name that asks for a text-only answer.
+pub(crate) const NO_CAMERA: &str = "none";
+
+fn invalid(message: impl Into<String>) -> Failure {
+    Failure::new(ErrorCode::InvalidRequest, message)
+}
+
+/// `-1` (the field's default) = the node's value; anything else must pass `ok`.
+fn float_or(v: f32, default: f32, name: &str, ok: impl Fn(f32) -> bool) -> Result<f32, Failure> {
+    if v == -1.0 {
+        Ok(default)
+    } else if v.is_finite() && ok(v) {
+        Ok(v)
+    } else {
+        Err(invalid(format!("{name} {v} is out of range")))
+    }
+}
+
+/// Time limit from the request (`-1` = the parameter, `0` = none).
+fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Failure> {
+    let s = if v == -1.0 { default } else { v };
+    time_limit(s).map_err(|e| {
+        invalid(format!(
+            "{name} {v} must be -1, 0 or a positive number of seconds: {e}"
+        ))
+    })
+}
+
+/// The sampling settings of a request over the node's defaults.
+pub(crate) fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failure> {
+    let s = SamplingParams {
+        temperature: float_or(req.temperature, p.temperature, "temperature", |x| x >= 0.0)?,
+        top_p: float_or(req.top_p, p.top_p, "top_p", |x| x > 0.0 && x <= 1.0)?,
+        min_p: float_or(req.min_p, p.min_p, "min_p", |x| (0.0..=1.0).contains(&x))?,
+        repetition_penalty: float_or(
+            req.repetition_penalty,
+            p.repetition_penalty,
+            "repetition_penalty",
+            |x| x > 0.0,
+        )?,
+        // Any finite negative is the documented "node default"; -inf is no number a client
+        // means, so it is refused like NaN.
+        presence_penalty: if !req.presence_penalty.is_finite() {
+            return Err(invalid(format!(
+                "presence_penalty {} is out of range",
+                req.presence_penalty
+            )));
+        } else if req.presence_penalty < 0.0 {
+            p.presence_penalty
+        } else if req.presence_penalty <= 100.0 {
+            req.presence_penalty
+        } else {
+            return Err(invalid(format!(
+                "presence_penalty {} is out of range",
+                req.presence_penalty
+            )));
+        },
+        top_k: match req.top_k {
+            -1 => p.top_k as usize,
+            k if k >= 0 => k as usize,
+            k => return Err(invalid(format!("top_k {k} must be -1 or >= 0"))),
+        },
+        seed: match req.seed {
+            -1 => p.seed,
+            s if s >= 0 => Some(s as u64),
+            s => return Err(invalid(format!("seed {s} must be -1 or >= 0"))),
+        },
+        ..SamplingParams::default()
+    };
+    s.validate().map_err(|e| invalid(e.to_string()))?;
+    Ok(s)
+}
+
+/// A request whose fields are checked, up to its schema: what [`finish`] builds the job of.
+struct Checked {
+    req: Ask::Request,
+    thinking: bool,
+    sampling: SamplingParams,
+    timeout: Option<Duration>,
+    max_age: Option<Duration>,
+    tools: Vec<Value>,
+}
+
+/// Every check of [`plan_async`] before the schema's compile, which is the costly one.
+fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
+    // Sizes first: nothing below parses, copies or scans a field before it is bounded.
+    check_sizes(&req, p)?;
+    if req.prompt.trim().is_empty() {
+        return Err(invalid("the prompt is empty"));
+    }
+    if req.max_new_tokens > MAX_NEW_TOKENS_LIMIT {
+        return Err(invalid(format!(
+            "max_new_tokens {} is above the limit of {MAX_NEW_TOKENS_LIMIT}",
+            req.max_new_tokens
+        )));
+    }
+    let structured = !req.json_schema.is_empty();
+    let thinking = match req.enable_thinking {
+        // A schema answer thinks only when the request asks: a planner waits for the value.
+        enable_thinking::DEFAULT => p.enable_thinking && !structured,
+        enable_thinking::OFF => false,
+        enable_thinking::ON => true,
+        v => return Err(invalid(format!("enable_thinking {v} must be -1, 0 or 1"))),
+    };
+    let mut sampling = sampling(&req, p)?;
+    if structured {
+        sampling = structured::sampling(sampling, &req);
+    }
+    let timeout = limit_secs(req.timeout_s, p.request_timeout_s, "timeout_s")?;
+    let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
+    let tools = if req.tools_json.trim().is_empty() {
+        Vec::new()
+    } else {
+        match serde_json::from_str::<Value>(&req.tools_json) {
+            Ok(Value::Array(a)) if a.iter().all(Value::is_object) => a,
+            Ok(_) => return Err(invalid("tools_json must be a JSON array of objects")),
+            Err(e) => return Err(invalid(format!("tools_json is not JSON: {e}"))),
+        }
+    };
+    if req.stop.iter().any(String::is_empty) {
+        return Err(invalid("stop strings must not be empty"));
+    }
+    if structured {
+        structured::check_conflicts(&tools, &req.stop)?;
+    }
+    Ok(Checked {
+        req,
+        thinking,
+        sampling,
+        timeout,
+        max_age,
+        tools,
+    })
+}
+
+/// The job of a checked request with its compiled schema: the deadline, the images, the turn.
+fn finish(
+    checked: Checked,
+    json_schema: Option<Arc<JsonSchema>>,
+    p: &Params,
+    cameras: Option<&CameraCache>,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    let Checked {
+        req,
+        thinking,
+        sampling,
+        timeout,
+        max_age,
+        tools,
+    } = checked;
+    let max_new_tokens = if req.max_new_tokens == 0 {
+        p.max_new_tokens
+    } else {
+        req.max_new_tokens
+    };
+    let deadline = match timeout {
+        Some(t) => Some(now.checked_add(t).ok_or_else(|| {
+            invalid(format!(
+                "timeout_s {} is too long to be a deadline",
+                req.timeout_s
+            ))
+        })?),
+        None => None,
+    };
+    let Ask::Request {
+        prompt,
+        system_prompt,
+        stop,
+        session_id,
+        use_default_stop,
+        images,
+        compressed_images,
+        camera,
+        ..
+    } = req;
+    let images = pick_images(images, compressed_images, &camera, cameras, max_age, now)?;
+    // Images stay empty here: the worker converts the frames when the job's turn comes.
+    let turn = Turn {
+        thinking,
+        system: Some(system_prompt)
+            .filter(|s| !s.trim().is_empty())
+            .or_else(|| p.system_prompt.clone()),
+        tools,
+        sampling,
+        stop,
+        use_default_stop,
+        deadline,
+        started: now,
+        json_schema,
+        ..Turn::new(prompt, max_new_tokens as usize)
+    };
+    Ok(JobPlan {
+        turn,
+        images,
+        session_id: Some(session_id).filter(|s| !s.is_empty()),
+        max_image_age: max_age,
+    })
+}
+
+/// Checks a request and builds its job (without the queue slot and response channel).
+/// The turn's `cancel` is left unset: the flag comes with the queue slot. The request is
+/// consumed: its prompt, stop strings and images move into the job without a copy.
+/// `ctx.cameras` is `None` when the node runs without vision; `ctx.schemas` compiles a
+/// `json_schema` for the served model (`None` before a model is loaded).
+///
+/// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take long for a large uncached one, so it runs on the blocking
+/// pool, not on the runtime's two threads that also serve other asks, the action loop,
+/// `vlm/cancel` and diagnostics. A request whose schema would compile while the queue is
+/// full is refused `busy` before compiling; at most `structured::COMPILES_AT_ONCE`
+/// compile at once, and later ones wait their turn without holding a thread.
+pub async fn plan_async(
+    req: Ask::Request,
+    p: Arc<Params>,
+    ctx: &AskContext,
+    now: Instant,
+) -> Result<JobPlan, Failure> {
+    let mut checked = check(req, &p)?;
+    let json_schema = match (&ctx.schemas, checked.req.json_schema.is_empty()) {
+        (Some(schemas), false) => {
+            ctx.registry
+                .room()
+                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))?;
+            // The semaphore is never closed; a closed one would only mean no limit.
+            let _permit = ctx.compiles.acquire().await;
+            let text = std::mem::take(&mut checked.req.json_schema);
+            let schemas = Arc::clone(schemas);
+            let compiled =
+                tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas)))
+                    .await;
+            match compiled {
+                Ok(r) => r?,
+                // A panic in the compiler is the request's, as it was on the handler's task.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => {
+                    return Err(Failure::new(
+                        ErrorCode::NotReady,
+                        format!("json_schema: the compile was stopped: {e}"),
+                    ))
+                }
+            }
+        }
+        (schemas, _) => structured::compile(&checked.req.json_schema, schemas.as_deref())?,
+    };
+    finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)
+}
+
+fn pick_images(
+    images: Vec<Image>,
+    compressed_images: Vec<CompressedImage>,
+    camera: &str,
+    cameras: Option<&CameraCache>,
+    max_age: Option<Duration>,
+    now: Instant,
+) -> Result<Images, Failure> {
+    let explicit = !images.is_empty() || !compressed_images.is_empty();
+    let Some(cache) = cameras else {
+        if explicit {
+            return Err(invalid(
+                "this node runs without vision (parameter vision: false)",
+            ));
+        }
+        return Ok(Images::None);
+    };
+    if explicit {
+        let limits = Limits::default();
+        // Raw images come first in the model input, so the first of them is "the first".
+        let first = images
+            .first()
+            .map(|m| &m.header)
+            .or_else(|| compressed_images.first().map(|m| &m.header))
+            .map(frame_header)
+            .unwrap_or_default();
+        let mut frames = Vec::with_capacity(images.len() + compressed_images.len());
+        for (i, m) in images.into_iter().enumerate() {
+            frames.push(
+                frame_from_image(m, &limits).map_err(|e| invalid(format!("images[{i}]: {e}")))?,
+            );
+        }
+        for (i, m) in compressed_images.into_iter().enumerate() {
+            frames.push(
+                frame_from_compressed(m, &limits)
+                    .map_err(|e| invalid(format!("compressed_images[{i}]: {e}")))?,
+            );
+        }
+        return Ok(Images::Request { frames, first });
+    }
+    let camera = camera.trim();
+    if camera == NO_CAMERA {
+        return Ok(Images::None);
+    }
+    let name = (!camera.is_empty()).then_some(camera);
+    cache
+        .select(name, max_age, now)
+        .map(Images::Camera)
+        .map_err(|e| Failure::new(select_error_code(&e), e.to_string()))
+}
+
+/// An unknown camera is the client's mistake; a missing or old frame is the camera's, and
+/// retrying later may help.
+fn select_error_code(e: &SelectError) -> ErrorCode {
+    match e {
+        SelectError::UnknownCamera { .. } => ErrorCode::InvalidRequest,
+        SelectError::NoCamera | SelectError::NoImage { .. } => ErrorCode::NoImage,
+        SelectError::StaleImage { .. } => ErrorCode::StaleImage,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+    use std::time::Duration;
+
+    use vlm::structured::JsonSchemas;
+
+    use super::*;
+    use crate::ros::param_server::LiveParams;
+    use crate::serve::registry::Registry;
+
+    /// A context with the demo model's schema compiler and a queue of `depth`.
+    fn context(depth: usize) -> AskContext {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tools/fixtures/models/tiny-4b");
+        let tokenizer = vlm::assistant::load_tokenizer(&dir.join("tokenizer.json")).unwrap();
+        AskContext {
+            params: LiveParams::new(Params::from_values(&HashMap::new()).unwrap()),
+            cameras: None,
+            registry: Arc::new(Registry::new(depth)),
+            jobs: std::sync::Mutex::new(None),
+            schemas: Some(Arc::new(JsonSchemas::new(tokenizer, 640))),
+            compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+            clock: Default::default(),
+            nuls: Default::default(),
+        }
+    }
+
+    fn request(schema: &str) -> Ask::Request {
+        Ask::Request {
+            prompt: "Where is the cup?".into(),
+            json_schema: schema.into(),
+            ..Default::default()
+        }
+    }
+
+    /// A schema compiles only with a permit, and waiting for one holds up nothing else: a
+    /// free-text request plans meanwhile.
+    #[tokio::test]
+    async fn a_schema_compiles_with_a_permit_and_waits_for_one() {
+        let ctx = context(4);
+        let now = Instant::now();
+        let held = ctx
+            .compiles
+            .acquire_many(structured::COMPILES_AT_ONCE as u32)
+            .await
+            .unwrap();
+        let schema = request(r#"{"type": "integer"}"#);
+        let mut waiting = Box::pin(plan_async(schema, ctx.params.snapshot(), &ctx, now));
+        assert!(futures::poll!(&mut waiting).is_pending());
+        let free = plan_async(request(""), ctx.params.snapshot(), &ctx, now).await;
+        assert!(free.unwrap().turn.json_schema.is_none());
+        assert!(futures::poll!(&mut waiting).is_pending(), "still no permit");
+        drop(held);
+        let planned = waiting.await.unwrap();
+        assert!(planned.turn.json_schema.is_some());
+        assert_eq!(
+            ctx.compiles.available_permits(),
+            structured::COMPILES_AT_ONCE
+        );
+    }
+
+    /// With the queue full, a schema is not compiled: the request is refused `busy` at once
+    /// (a free-text one is planned and refused at admission, as before).
+    #[tokio::test]
+    async fn a_full_queue_refuses_a_schema_before_compiling_it() {
+        let ctx = context(1);
+        let _running = ctx.registry.admit("running").unwrap();
+        let now = Instant::now();
+        for schema in [r#"{"type": "integer"}"#, "{"] {
+            let f = plan_async(request(schema), ctx.params.snapshot(), &ctx, now)
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(f.code, ErrorCode::Busy, "{schema}: {}", f.message);
+        }
+        // The cheap checks still come first.
+        let mut bad = request(r#"{"type": "integer"}"#);
+        bad.prompt.clear();
+        let f = plan_async(bad, ctx.params.snapshot(), &ctx, now)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+        assert!(plan_async(request(""), ctx.params.snapshot(), &ctx, now)
+            .await
+            .is_ok());
+    }
+
+    #[test]
+    fn camera_selection_errors_map_to_the_interface_codes() {
+        let cases = [
+            (
+                SelectError::UnknownCamera {
+                    name: "/nope".into(),
+                },
+                "invalid_request",
+            ),
+            (SelectError::NoCamera, "no_image"),
+            (
+                SelectError::NoImage {
+                    topic: "/image_raw".into(),
+                },
+                "no_image",
+            ),
+            (
+                SelectError::StaleImage {
+                    topic: "/image_raw".into(),
+                    age: Duration::from_secs(3),
+                    max_age: Duration::from_secs(2),
+                },
+                "stale_image",
+            ),
+        ];
+        for (e, code) in cases {
+            assert_eq!(select_error_code(&e).as_str(), code, "{e}");
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! Latest-frame pre-fill (`prefill_latest_frame`): while no ask is queued, the worker runs the
+//! newest frame of `prefill_camera` through the vision tower and prefills it after the system
+//! block ([`Assistant::prime_frame`]), so an ask about that camera prefills only its
+//! question.
+//!
+//! Which frame an ask gets ([`Prefiller::choose`], decided when its turn comes, before its
+//! image is reported): the frame of the last completed pre-fill when the ask accepts its age
+//! (at the ask's arrival: within `max_image_age_s` when the ask sets a limit, else within
+//! `prefill_max_age_s`) and has the same system prompt and tools; else a stopped pre-fill of an
+//! acceptable frame, which the ask continues; else the newest frame, prefilled in full as
+//! without pre-fill. The answer reports the frame actually used. A stopped pre-fill the ask
+//! does not continue is parked (a snapshot) and continued when the worker is idle again, while
+//! its frame is younger than half of `prefill_max_age_s`.
+//!
+//! Cost bounds: a pre-fill starts only when the queue is empty, is asked before the frame's
+//! conversion and before every graph call whether an ask came (and then stops there, so an ask
+//! waits at most one graph call, and when that call completed the pre-fill without a third
+//! cache set to keep it in, its snapshot: a host copy of the whole decode state), keeps its BPU time to `prefill_duty` of the wall
+//! time by resting after each pre-fill (for all of its runs: one stopped by an ask goes on
+//! right after the ask, and rests when it ends), and submits one priority below the asks'
+//! `bpu_priority` (never below 0).
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use camera_frame::{CachedFrame, CameraCache};
+use vlm::assistant::{Assistant, AssistantError, PrimedFrame, PrimingOutcome, Reply, Turn};
+use vlm::chat::SystemOptions;
+use vlm::engine::EngineError;
+use vlm::stream::Event;
+
+use crate::process::panics::{contained, Panic};
+use crate::ros::param_server::LiveParams;
+use crate::serve::job::{Images, Job, JobPlan};
+
+/// How often an idle worker looks for a newer frame to pre-fill.
+const FRAME_POLL: Duration = Duration::from_millis(20);
+
+/// Pre-fill settings from the parameters.
+#[derive(Clone)]
+pub struct PrefillConfig {
+    pub cameras: Arc<CameraCache>,
+    /// `None`: the default camera.
+    pub camera: Option<String>,
+    /// Most share of wall time the pre-fills may keep the BPU busy, in (0, 1].
+    pub duty: f64,
+    /// Oldest frame an ask without `max_image_age_s` is served from a pre-fill.
+    pub max_age: Duration,
+    /// The served parameters: pre-fills are made for the system block of the current
+    /// `system_prompt` (settable at run time), no tools.
+    pub params: LiveParams,
+    /// Priority of the asks' BPU tasks; pre-fills submit one below.
+    pub ask_priority: u8,
+}
+
+/// Counters for diagnostics.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PrefillStats {
+    /// Pre-fills completed.
+    pub done: u64,
+    /// Pre-fills stopped at a graph-call boundary because an ask came.
+    pub stopped: u64,
+    /// Asks on the pre-fill camera (fresh conversations) and those served from a pre-fill.
+    pub camera_asks: u64,
+    pub hits: u64,
+    /// Age of the pre-filled frame at the last hit's arrival, seconds.
+    pub last_hit_age_s: f64,
+    /// Arrival of the frame of the completed pre-fill, if any.
+    pub frame_arrival: Option<Instant>,
+    /// Share of wall time spent pre-filling since the model was ready ([`Prefiller::stats`]).
+    pub duty: f64,
+}
+
+/// What an ask is served from.
+pub enum Chosen {
+    Completed(Arc<PrimedFrame>),
+    /// The stopped pre-fill, continued by the ask.
+    Resume,
+}
+
+/// How a pre-fill run ended, for the worker.
+pub enum RunEnd {
+    Fine,
+    /// The backend cannot run anymore.
+    Lost(String),
+    Panicked(Panic),
+}
+
+/// The pre-fill state of the worker.
+pub struct Prefiller {
+    cfg: PrefillConfig,
+    system: SystemOptions,
+    completed: Option<(CachedFrame, Arc<PrimedFrame>)>,
+    /// The frame of a stopped pre-fill.
+    stopped: Option<CachedFrame>,
+    /// The last frame tried (completed, stopped or failed), so none is tried twice.
+    tried: Option<(Arc<str>, u64)>,
+    /// No pre-fill starts before this (`prefill_duty`).
+    rest_until: Instant,
+    /// BPU time of the stopped pre-fill's runs so far: rested once it ends (completed or
+    /// given up), so an ask that stops a pre-fill does not also push its end back by a rest.
+    unrested: Duration,
+    /// The model cannot pre-fill (no vision tower).
+    off: bool,
+    busy: Duration,
+    since: Instant,
+    stats: PrefillStats,
+}
+
+impl Prefiller {
+    pub fn new(cfg: PrefillConfig, now: Instant) -> Self {
+        let system = SystemOptions {
+            system: cfg.params.snapshot().system_prompt.clone(),
+            tools: Vec::new(),
+        };
+        let p = Self {
+            cfg,
+            system,
+            completed: None,
+            stopped: None,
+            tried: None,
+            rest_until: now,
+            unrested: Duration::ZERO,
+            off: false,
+            busy: Duration::ZERO,
+            since: now,
+            stats: PrefillStats::default(),
+        };
+        match p.topic() {
+            Some(topic) => tracing::info!(%topic, "latest-frame pre-fill on"),
+            None => tracing::warn!(
+                camera = ?p.cfg.camera,
+                "latest-frame pre-fill off: prefill_camera names no configured camera"
+            ),
+        }
+        p
+    }
+
+    pub fn stats(&self) -> PrefillStats {
+        let wall = self.since.elapsed().as_secs_f64();
+        PrefillStats {
+            duty: if wall > 0.0 {
+                self.busy.as_secs_f64() / wall
+            } else {
+                0.0
+            },
+            ..self.stats.clone()
+        }
+    }
+
+    fn topic(&self) -> Option<Arc<str>> {
+        match &self.cfg.camera {
+            Some(name) => self.cfg.cameras.resolve(name),
+            None => self
+                .cfg
+                .cameras
+                .default_camera()
+                .and_then(|t| self.cfg.cameras.resolve(t)),
+        }
+    }
+
+    /// The frame to pre-fill now, if one is due: a frame not tried yet, the duty rest over.
+    fn due(&self, now: Instant) -> Option<CachedFrame> {
+        if self.off || now < self.rest_until {
+            return None;
+        }
+        let f = self.cfg.cameras.latest(&self.topic()?)?;
+        let seen = self
+            .tried
+            .as_ref()
+            .is_some_and(|(t, seq)| *t == f.topic && *seq == f.seq);
+        (!seen).then_some(f)
+    }
+
+    /// Follows a run-time set of `system_prompt`: what was pre-filled for the old one can
+    /// serve no default ask anymore, so it is dropped (not continued, not parked) and the
+    /// newest frame, even one tried already, is pre-filled again for the new one.
+    fn follow_system(&mut self) {
+        let live = self.cfg.params.snapshot().system_prompt.clone();
+        if live != self.system.system {
+            tracing::debug!("system_prompt changed: pre-fills start over");
+            self.system.system = live;
+            self.completed = None;
+            self.settle(Instant::now());
+            self.tried = None;
+        }
+    }
+
+    /// Drops every pre-fill (completed and stopped): after the engine was reset or reopened.
+    pub fn forget(&mut self) {
+        self.completed = None;
+        self.stats.frame_arrival = None;
+        self.settle(Instant::now());
+        self.tried = None;
+    }
+
+    /// How long an idle worker may wait for a job before looking again.
+    pub fn wait(&self, now: Instant, idle: Duration) -> Duration {
+        if self.due(now).is_some() {
+            return Duration::ZERO;
+        }
+        let rest = self.rest_until.saturating_duration_since(now);
+        if self.off {
+            idle
+        } else if rest > Duration::ZERO {
+            rest.min(idle)
+        } else {
+            FRAME_POLL.min(idle)
+        }
+    }
+
+    /// Pre-fills the due frame (if any) while `jobs` stays empty. A job that arrives meanwhile
+    /// stops the work at the next graph call and is left in `pending`.
+    pub fn run(
+        &mut self,
+        assistant: &mut Assistant,
+        jobs: &Receiver<Job>,
+        pending: &mut Option<Job>,
+        shutdown: &vlm::interrupt::Interrupt,
+    ) -> RunEnd {
+        self.follow_system();
+        let now = Instant::now();
+        // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
+        // an older one gives way to the newest frame.
+        let worth = |f: &CachedFrame| {
+            f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_priming(&self.system)
+        };
+        if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
+            // Given up: its runs are rested before anything new starts.
+            self.settle(now);
+        }
+        let resumable = self.stopped.clone().filter(|_| now >= self.rest_until);
+        let Some(frame) = resumable.or_else(|| self.due(now)) else {
+            return RunEnd::Fine;
+        };
+        let mut closed = false;
+        let mut interrupt = || {
+            if pending.is_none() && !closed {
+                match jobs.try_recv() {
+                    Ok(j) => *pending = Some(j),
+                    Err(TryRecvError::Disconnected) => closed = true,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+            pending.is_some() || closed || shutdown.is_raised()
+        };
+        // The frame's conversion (a JPEG decode, an NV12 conversion) cannot be interrupted:
+        // an ask that came meanwhile goes first.
+        if interrupt() {
+            return RunEnd::Fine;
+        }
+        self.tried = Some((frame.topic.clone(), frame.seq));
+        let system = self.system.clone();
+        // The stopped pre-fill of this very frame goes on where it stopped, without its image.
+        let resume = self
+            .stopped
+            .as_ref()
+            .is_some_and(|s| s.seq == frame.seq && s.topic == frame.topic)
+            && assistant.can_resume_priming(&system);
+        let image = if resume {
+            None
+        } else {
+            match Images::Camera(frame.clone()).take_inputs() {
+                Ok((mut images, _)) if images.len() == 1 => Some(images.remove(0)),
+                Ok(_) => return RunEnd::Fine,
+                Err(f) => {
+                    tracing::debug!("frame not pre-filled: {}", f.message);
+                    return RunEnd::Fine;
+                }
+            }
+        };
+        assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
+        let t0 = Instant::now();
+        let ran = contained(|| match &image {
+            Some(image) => assistant.prime_frame(&system, image, &mut interrupt),
+            None => assistant.resume_priming(&mut interrupt),
+        });
+        let end = Instant::now();
+        assistant.set_priority(self.cfg.ask_priority);
+        self.busy += end - t0;
+        self.unrested += end - t0;
+        match ran {
+            Ok(Ok(PrimingOutcome::Done(p))) => {
+                self.stats.done += 1;
+                self.stats.frame_arrival = Some(frame.arrival);
+                self.completed = Some((frame, Arc::new(p)));
+                self.settle(end);
+                RunEnd::Fine
+            }
+            Ok(Ok(PrimingOutcome::Stopped)) => {
+                self.stats.stopped += 1;
+                // Tried again when the worker is idle next, from where it stopped, without a
+                // rest in between (its rest comes when it ends).
+                self.tried = None;
+                if assistant.can_resume_priming(&self.system) {
+                    self.stopped = Some(frame);
+                } else {
+                    self.settle(end);
+                }
+                RunEnd::Fine
+            }
+            Ok(Err(e)) => self.failed(&e),
+            Err(p) => RunEnd::Panicked(p),
+        }
+    }
+
+    fn failed(&mut self, e: &AssistantError) -> RunEnd {
+        self.settle(Instant::now());
+        match e {
+            AssistantError::Engine(e) if e.backend_is_lost() => return RunEnd::Lost(e.to_string()),
+            AssistantError::Engine(EngineError::NoVision) => {
+                tracing::warn!("latest-frame pre-fill off: the model has no vision tower");
+                self.off = true;
+            }
+            _ => {
+                // Not retried at the camera's rate: a failure that repeats logs once a second.
+                tracing::warn!("latest-frame pre-fill failed: {e}");
+                self.rest_until = self.rest_until.max(Instant::now() + Duration::from_secs(1));
+            }
+        }
+        RunEnd::Fine
+    }
+
+    /// Ends the stopped pre-fill, if any, and rests so that pre-fills keep the BPU at most
+    /// `duty` of the time: after the BPU time of a pre-fill's runs (all of them, when asks
+    /// stopped it in between), `time · (1 − duty) / duty` idle, from `now` (its end).
+    fn settle(&mut self, now: Instant) {
+        self.stopped = None;
+        let duty = self.cfg.duty.clamp(0.01, 1.0);
+        let rest = std::mem::take(&mut self.unrested).mul_f64((1.0 - duty) / duty);
+        self.rest_until = self.rest_until.max(now + rest);
+    }
+
+    /// Decides what a job is served from and makes its image the chosen frame (so the answer
+    /// reports it). `fresh`: the job starts a new conversation. `None`: served as without
+    /// pre-fill.
+    pub fn choose(
+        &mut self,
+        plan: &mut JobPlan,
+        fresh: bool,
+        assistant: &mut Assistant,
+    ) -> Option<Chosen> {
+        // A stopped pre-fill for a system prompt set away is not parked for nothing.
+        self.follow_system();
+        let chosen = self.decide(plan, fresh, assistant);
+        tracing::debug!(
+            chosen = match &chosen {
+                Some(Chosen::Completed(_)) => "completed pre-fill",
+                Some(Chosen::Resume) => "stopped pre-fill, continued",
+                None => "no pre-fill",
+            },
+            stopped = self.stopped.is_some(),
+            "frame chosen"
+        );
+        // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
+        // unless its frame is too old to be continued anyway (`run`).
+        if !matches!(chosen, Some(Chosen::Resume)) {
+            let now = Instant::now();
+            let worth = |f: &CachedFrame| f.age(now) < self.cfg.max_age / 2;
+            if !self.stopped.as_ref().is_some_and(worth) {
+                self.settle(now);
+            } else if let Err(e) = assistant.stash_priming() {
+                tracing::warn!("the stopped pre-fill could not be kept: {e}");
+                self.settle(now);
+            }
+        }
+        chosen
+    }
+
+    fn decide(&mut self, plan: &mut JobPlan, fresh: bool, assistant: &Assistant) -> Option<Chosen> {
+        let Images::Camera(newest) = &plan.images else {
+            return None;
+        };
+        if !fresh || Some(&newest.topic) != self.topic().as_ref() {
+            return None;
+        }
+        self.stats.camera_asks += 1;
+        let limit = plan.max_image_age.unwrap_or(self.cfg.max_age);
+        let arrival = plan.turn.started;
+        let accepts = |f: &CachedFrame| f.age(arrival) <= limit;
+        let opts = SystemOptions {
+            system: plan.turn.system.clone(),
+            tools: plan.turn.tools.clone(),
+        };
+        if let Some((frame, p)) = self.completed.clone() {
+            if accepts(&frame) && assistant.primed_frame_fits(&p, &plan.turn) {
+                self.hit(&frame, arrival);
+                plan.images = Images::Camera(frame);
+                return Some(Chosen::Completed(p));
+            }
+        }
+        if let Some(frame) = &self.stopped {
+            if accepts(frame) && assistant.can_resume_priming(&opts) {
+                let frame = frame.clone();
+                self.hit(&frame, arrival);
+                plan.images = Images::Camera(frame);
+                return Some(Chosen::Resume);
+            }
+        }
+        None
+    }
+
+    fn hit(&mut self, frame: &CachedFrame, arrival: Instant) {
+        self.stats.hits += 1;
+        self.stats.last_hit_age_s = frame.age(arrival).as_secs_f64();
+    }
+
+    /// Answers `turn` from what [`Prefiller::choose`] chose. `None` when that is no longer
+    /// possible (a stopped pre-fill that cannot go on): the caller asks as without pre-fill,
+    /// on the same frame.
+    pub fn answer(
+        &mut self,
+        chosen: Chosen,
+        assistant: &mut Assistant,
+        turn: &Turn,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Option<Result<Reply, AssistantError>> {
+        let p = match chosen {
+            Chosen::Completed(p) => p,
+            Chosen::Resume => {
+                let cancel = turn.cancel.clone();
+                let mut stop = || {
+                    cancel
+                        .as_ref()
+                        .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
+                };
+                let frame = self.stopped.take()?;
+                // The ask finishes the pre-fill: what ran of it in the background is rested.
+                self.settle(Instant::now());
+                match assistant.resume_priming(&mut stop) {
+                    Ok(PrimingOutcome::Done(p)) => {
+                        self.stats.done += 1;
+                        self.stats.frame_arrival = Some(frame.arrival);
+                        let p = Arc::new(p);
+                        self.completed = Some((frame, Arc::clone(&p)));
+                        p
+                    }
+                    Ok(PrimingOutcome::Stopped) => return None,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        };
+        Some(assistant.ask_primed(&p, turn, on_event))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use camera_frame::CacheConfig;
+    use r2r::ParameterValue;
+
+    use super::*;
+    use crate::ros::param_server::ParamServer;
+    use crate::ros::params::Params;
+
+    fn live() -> LiveParams {
+        LiveParams::new(Params::from_values(&HashMap::new()).unwrap())
+    }
+
+    fn prefiller(duty: f64, now: Instant) -> Prefiller {
+        prefiller_with(duty, now, live())
+    }
+
+    fn prefiller_with(duty: f64, now: Instant, params: LiveParams) -> Prefiller {
+        let cameras = CameraCache::new(
+            CacheConfig {
+                topics: vec!["/cam".into()],
+                default_camera: None,
+                warn_interval: Duration::from_secs(10),
+            },
+            now,
+        )
+        .unwrap();
+        let cfg = PrefillConfig {
+            cameras: Arc::new(cameras),
+            camera: None,
+            duty,
+            max_age: Duration::from_secs(10),
+            params,
+            ask_priority: 0,
+        };
+        Prefiller::new(cfg, now)
+    }
+
+    #[test]
+    fn the_duty_rests_in_proportion_and_no_frame_means_polling() {
+        let now = Instant::now();
+        let mut half = prefiller(0.5, now);
+        assert_eq!(half.topic().as_deref(), Some("/cam"), "the default camera");
+        // No frame yet: nothing due, the worker looks again after a short poll.
+        assert!(half.due(now).is_none());
+        assert_eq!(half.wait(now, Duration::from_secs(1)), FRAME_POLL);
+        // Duty 0.5: as long a rest as the pre-fill took, counted from its end.
+        let spent = Duration::from_millis(400);
+        let end = now + Duration::from_secs(3);
+        half.unrested = spent;
+        half.settle(end);
+        assert_eq!(half.rest_until, end + spent);
+        assert!(half.due(end + spent / 2).is_none(), "resting");
+        assert_eq!(
+            half.wait(end + spent / 2, Duration::from_secs(1)),
+            spent / 2
+        );
+        assert_eq!(
+            half.wait(end, Duration::from_millis(100)),
+            Duration::from_millis(100)
+        );
+        // Duty 0.25: three times as long.
+        let mut quarter = prefiller(0.25, now);
+        quarter.unrested = spent;
+        quarter.settle(end);
+        assert_eq!(quarter.rest_until, end + spent * 3);
+        let mut full = prefiller(1.0, now);
+        full.unrested = spent;
+        full.settle(end);
+        assert_eq!(full.rest_until, end, "duty 1: none");
+        // A pre-fill stopped by asks rests for all of its runs once it ends, not after each:
+        // the ask that stopped it is not followed by a rest before it goes on.
+        let mut stopped = prefiller(0.5, now);
+        stopped.unrested = spent;
+        assert_eq!(stopped.rest_until, now, "no rest while it is stopped");
+        stopped.unrested += spent;
+        stopped.settle(end);
+        assert_eq!(stopped.rest_until, end + spent * 2);
+        assert_eq!(stopped.unrested, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_run_time_system_prompt_is_followed_and_starts_the_pre_fills_over() {
+        let now = Instant::now();
+        let params = live();
+        let server = ParamServer::new(params.clone(), false);
+        let mut p = prefiller_with(1.0, now, params);
+        assert_eq!(p.system.system, None, "empty = the package's");
+        p.tried = Some(("/cam".into(), 7));
+        p.follow_system();
+        assert!(p.tried.is_some(), "unchanged: nothing starts over");
+        server
+            .set("system_prompt", &ParameterValue::String("Be brief.".into()))
+            .unwrap();
+        p.follow_system();
+        assert_eq!(p.system.system.as_deref(), Some("Be brief."));
+        assert!(p.tried.is_none(), "the tried frame is pre-filled again");
+        assert!(p.completed.is_none() && p.stopped.is_none());
+    }
+}
