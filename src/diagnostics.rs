@@ -22,7 +22,7 @@ use crate::ros::param_server::LiveParams;
 use crate::ros::params::time_limit;
 use crate::ros::spin::NodeOps;
 use crate::ros::text::{ros_text_uncounted, NulCount};
-use crate::serve::prefill::PrefillStats;
+use crate::serve::priming::PrimingStats;
 use crate::serve::registry::Registry;
 use crate::serve::stats::SharedStats;
 
@@ -65,10 +65,10 @@ pub(crate) struct Diagnostics {
     pub params: LiveParams,
 }
 
-/// The latest-frame pre-fill's counters: pre-fills done and stopped, asks on its camera and
-/// those served from it (hit rate), the pre-filled frame's age now and at the last hit, and
-/// the share of wall time the BPU spent pre-filling.
-fn prefill_values(p: &PrefillStats, now: Instant) -> Vec<KeyValue> {
+/// The frame priming's counters: primings done and stopped, asks on its camera and
+/// those served from it (hit rate), the primed frame's age now and at the last hit, and
+/// the share of wall time the BPU spent priming.
+fn prefill_values(p: &PrimingStats, now: Instant) -> Vec<KeyValue> {
     let rate = if p.camera_asks == 0 {
         0.0
     } else {

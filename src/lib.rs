@@ -12,7 +12,7 @@
 //!    (`serve::registry`) and queues it;
 //! 3. `serve::worker`, the one thread that owns the model, converts the frame to RGB,
 //!    continues the conversation from `serve::sessions` (or answers from the latest frame
-//!    `serve::prefill` filled in the background) and asks `vlm::assistant`, publishing each
+//!    `serve::priming` filled in the background) and asks `vlm::assistant`, publishing each
 //!    delta through `serve::token_sink`;
 //! 4. the request ends in one `serve::outcome` (`serve::deliver` serves a job to it), from
 //!    which the last Token, the `Answer` and the `/ask` response are filled; error codes are
@@ -42,7 +42,7 @@
 //! - `process`: exit codes, runtime failures, the panic hook, signals;
 //! - `ros`: names, QoS, the spin thread, publishers, clock, logging, parameters, cameras,
 //!   message text;
-//! - `serve`: the worker thread and what it serves (jobs, outcomes, sessions, pre-fill,
+//! - `serve`: the worker thread and what it serves (jobs, outcomes, sessions, priming,
 //!   tokens, admission);
 //! - `request`: `/ask`, `/vlm/cancel` and the Ask action, from a request to a queued job.
 //!

@@ -50,7 +50,7 @@ use crate::ros::rosout::RosoutTarget;
 use crate::ros::spin::{NodeOps, SpinError, SpinThread};
 use crate::ros::text::NulCount;
 use crate::serve::deliver::Outputs;
-use crate::serve::prefill::PrefillConfig;
+use crate::serve::priming::PrimingConfig;
 use crate::serve::registry::Registry;
 use crate::serve::stats::{SharedStats, WorkerStats};
 use crate::serve::worker::{self, LoadFailure, Ready, WorkerConfig};
@@ -405,7 +405,7 @@ fn start_worker(
         interrupt: interrupt.clone(),
         prefill: cameras
             .filter(|_| p.prefill_latest_frame)
-            .map(|cameras| PrefillConfig {
+            .map(|cameras| PrimingConfig {
                 cameras,
                 camera: p.prefill_camera.clone(),
                 duty: p.prefill_duty,

@@ -323,7 +323,7 @@ async fn node_soak_returns_to_baseline() -> anyhow::Result<()> {
         &[
             ("diagnostics_period_s", "0.2"),
             ("session_idle_s", "3.0"),
-            // Counts simulator buffers and tasks: no background pre-fill.
+            // Counts simulator buffers and tasks: no background priming.
             ("prefill_latest_frame", "false"),
         ],
         &[],

@@ -29,7 +29,7 @@ async fn a_follow_up_on_the_same_frame_adds_only_its_question() -> anyhow::Resul
             ("image_topics", "['/cam']"),
             ("default_camera", "/cam"),
             ("diagnostics_period_s", "0.05"),
-            // A pre-filled frame runs the tower outside the asks; the counts here are the asks'.
+            // A primed frame runs the tower outside the asks; the counts here are the asks'.
             ("prefill_latest_frame", "false"),
         ],
         &peer_env(&d),

@@ -1,19 +1,19 @@
-//! Latest-frame pre-fill over a real ROS 2 graph (peer: `tests/peers/prefill_peer.py`), on the
-//! embedded tiny model on the BPU simulator, with pre-fill on as by default:
-//! - a greedy ask served from a pre-filled frame answers exactly as a cold ask on the same
-//!   pixels (sent as a request image, never pre-filled), with that frame's stamp and frame id
+//! Frame priming over a real ROS 2 graph (peer: `tests/peers/prefill_peer.py`), on the
+//! embedded tiny model on the BPU simulator, with priming on as by default:
+//! - a greedy ask served from a primed frame answers exactly as a cold ask on the same
+//!   pixels (sent as a request image, never primed), with that frame's stamp and frame id
 //!   and the same `prompt_tokens`;
-//! - behind a long ask, an ask without an age limit is served from the pre-filled frame, one
-//!   whose `max_image_age_s` the pre-filled frame exceeds gets the newer frame (prefilled in
+//! - behind a long ask, an ask without an age limit is served from the primed frame, one
+//!   whose `max_image_age_s` the primed frame exceeds gets the newer frame (prefilled in
 //!   full), both correct and answered in queue order;
-//! - another system prompt or another camera misses the pre-fill and is still correct;
-//! - with a 10 Hz camera keeping pre-fills due, none starts while asks are queued;
-//! - a camera ask that times out in the queue is not counted as a pre-fill camera ask;
-//! - after `system_prompt` is set over the parameter service, the pre-fill follows it: an ask
-//!   without a system prompt (so with the set one) is served from the pre-fill and answers as
+//! - another system prompt or another camera misses the priming and is still correct;
+//! - with a 10 Hz camera keeping primings due, none starts while asks are queued;
+//! - a camera ask that times out in the queue is not counted as a priming camera ask;
+//! - after `system_prompt` is set over the parameter service, the priming follows it: an ask
+//!   without a system prompt (so with the set one) is served from the priming and answers as
 //!   a cold ask.
 //!
-//! Hits, misses and pre-fills are read from `/diagnostics` counters, never from timings.
+//! Hits, misses and primings are read from `/diagnostics` counters, never from timings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -80,7 +80,7 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
         )
         .await?;
 
-    // Served from the pre-fill: the cold answer on the same pixels, the frame's own header.
+    // Served from the priming: the cold answer on the same pixels, the frame's own header.
     let h1 = &rep["h1"];
     assert_eq!(count(&rep["d_h1"], "prefill_hits"), 1, "{}", rep["d_h1"]);
     assert_eq!(count(&rep["d_h1"], "prefill_camera_asks"), 1);
@@ -88,9 +88,9 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
     check_image_header("h-1", h1, "cam_a", stamp(h1));
     same_answer("h-1", h1, &rep["ca"]);
 
-    // Behind L: X takes the (newest) pre-filled scene_a frame, Y the newer scene_b frame.
+    // Behind L: X takes the (newest) primed scene_a frame, Y the newer scene_b frame.
     let newest_a = *sent(&rep, "sent_a").last().unwrap();
-    assert_eq!(stamp(&rep["X"]), newest_a, "X: the pre-filled frame");
+    assert_eq!(stamp(&rep["X"]), newest_a, "X: the primed frame");
     check_image_header("X", &rep["X"], "cam_a", newest_a);
     same_answer("X", &rep["X"], &rep["ca"]);
     assert!(
@@ -116,7 +116,7 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
         2
     );
 
-    // Misses: another system prompt on the pre-fill camera, another camera.
+    // Misses: another system prompt on the priming camera, another camera.
     let s_hits = count(&rep["d_S"], "prefill_hits");
     assert_eq!(s_hits, count(strict, "prefill_hits"), "S missed");
     same_answer("S", &rep["S"], &rep["cs"]);
@@ -124,13 +124,13 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
     assert_eq!(
         count(&rep["d_K"], "prefill_camera_asks"),
         count(&rep["d_S"], "prefill_camera_asks"),
-        "/cam2 is not the pre-fill camera"
+        "/cam2 is not the priming camera"
     );
     assert!(sent(&rep, "sent_c").contains(&stamp(&rep["K"])));
     same_answer("K", &rep["K"], &rep["cc"]);
 
     // Queued: every ask answered in order; while asks were waiting (served 1..=3 of 4), the
-    // pre-fill counters did not move.
+    // priming counters did not move.
     for id in ["Q0", "Q1", "Q2", "Q3"] {
         ok(id, &rep[id]);
     }
@@ -152,7 +152,7 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
     );
     assert!(
         during.windows(2).all(|w| w[0] == w[1]),
-        "no pre-fill while asks are queued: {}",
+        "no priming while asks are queued: {}",
         rep["queued_diag"]
     );
 
@@ -174,7 +174,7 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
     assert_eq!(
         count(after, "prefill_hits") - count(before, "prefill_hits"),
         1,
-        "P served from the pre-fill made for the set system prompt: {after}"
+        "P served from the priming made for the set system prompt: {after}"
     );
     check_image_header("P", &rep["P"], "cam_a", stamp(&rep["P"]));
     same_answer("P", &rep["P"], &rep["cp"]);

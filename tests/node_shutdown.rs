@@ -258,7 +258,7 @@ async fn snapshots_only_for_sessions_and_ids_are_free_once_answered() -> anyhow:
     ros_env();
     let _serial = SERIAL.lock().await;
     let d = domain();
-    // Counts state snapshots: no background pre-fill (it takes one per frame).
+    // Counts state snapshots: no background priming (it takes one per frame).
     let params = [
         ("diagnostics_period_s", "0.05"),
         ("prefill_latest_frame", "false"),

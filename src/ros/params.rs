@@ -224,14 +224,14 @@ declare! {
         Costs up to `prefill_duty` of the BPU on an idle robot.";
     /// `None`: the default camera.
     prefill_camera: Option<String> = s(""), Kind::Text, Restart,
-        "Camera whose frames are pre-filled; empty = the default camera.";
+        "Camera whose frames are primed; empty = the default camera.";
     prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Restart,
-        "Most share of wall time pre-fills keep the BPU busy.";
+        "Most share of wall time primings keep the BPU busy.";
     prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Restart,
-        "An ask without `max_image_age_s` is served from a pre-filled frame at most this old, in \
+        "An ask without `max_image_age_s` is served from a primed frame at most this old, in \
         seconds (else from the newest frame).";
     prefill_keep_on_device: bool = b(true), Kind::Bool, Restart,
-        "Keep the completed pre-fill in a third decode cache set on the BPU, so an ask about its \
+        "Keep the completed priming in a third decode cache set on the BPU, so an ask about its \
         frame starts from it without copying the state back, whatever ran since; costs one more \
         cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when \
         that cannot be had the node starts without it. `false`: the state is copied back for each \

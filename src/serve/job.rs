@@ -142,7 +142,7 @@ pub struct JobPlan {
     pub images: Images,
     /// The conversation to continue and park the answer in; `None` = a fresh one, dropped.
     pub session_id: Option<String>,
-    /// The ask's `max_image_age_s` (`None` = no limit): a pre-filled frame must be within it.
+    /// The ask's `max_image_age_s` (`None` = no limit): a primed frame must be within it.
     pub max_image_age: Option<std::time::Duration>,
 }
 

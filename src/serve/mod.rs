@@ -1,15 +1,15 @@
 //! Serving admitted requests on the one thread that owns the model: the job ([`job`]), the
 //! worker loop (`worker`), one job to its end (`deliver`: the last Token, the `Answer`
 //! and the response from one `outcome`, failures as [`failure`]), the Token stream
-//! (`token_sink`), conversations (`sessions`), the background latest-frame pre-fill
-//! (`prefill`), admission and cancel by id (`registry`) and what diagnostics read
+//! (`token_sink`), conversations (`sessions`), the background frame priming
+//! (`priming`), admission and cancel by id (`registry`) and what diagnostics read
 //! (`stats`).
 
 pub(crate) mod deliver;
 pub mod failure;
 pub mod job;
 pub(crate) mod outcome;
-pub(crate) mod prefill;
+pub(crate) mod priming;
 pub(crate) mod registry;
 pub(crate) mod sessions;
 pub(crate) mod stats;

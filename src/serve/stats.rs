@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use vlm::assistant::ModelInfo;
 
-use crate::serve::prefill::PrefillStats;
+use crate::serve::priming::PrimingStats;
 
 /// Worker life cycle, as diagnostics report it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,8 +50,8 @@ pub(crate) struct WorkerStats {
     pub images_encoded: u64,
     /// Simulator live buffers/tasks (`None` on the board or the CPU).
     pub sim_live: Option<(usize, usize)>,
-    /// Latest-frame pre-fill counters (`None` when it is off).
-    pub prefill: Option<PrefillStats>,
+    /// Frame priming counters (`None` when it is off).
+    pub prefill: Option<PrimingStats>,
 }
 
 impl Default for WorkerStats {

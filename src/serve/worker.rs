@@ -33,7 +33,7 @@ use crate::serve::deliver::{serve, stopped_in_queue, Outputs, Served};
 use crate::serve::failure::Failure;
 use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::Generated;
-use crate::serve::prefill::{Chosen, PrefillConfig, Prefiller, RunEnd};
+use crate::serve::priming::{Chosen, Primer, PrimingConfig, PrimingEnd};
 use crate::serve::sessions::Sessions;
 use crate::serve::stats::{update, SharedStats, WorkerState};
 use crate::serve::token_sink::TokenSink;
@@ -48,8 +48,8 @@ pub struct WorkerConfig {
     pub warm_up_system: Option<String>,
     /// Raised at shutdown: loading and warm-up stop at the next step or graph call.
     pub interrupt: Interrupt,
-    /// Latest-frame pre-fill (`None` when `prefill_latest_frame` is off or there is no vision).
-    pub prefill: Option<PrefillConfig>,
+    /// Frame priming (`None` when `prefill_latest_frame` is off or there is no vision).
+    pub prefill: Option<PrimingConfig>,
 }
 
 /// The share of `session_memory_mb` the cached system blocks may hold; the sessions get the
@@ -120,7 +120,7 @@ fn serve_all(
         prefiller: config
             .prefill
             .clone()
-            .map(|c| Prefiller::new(c, Instant::now())),
+            .map(|c| Primer::new(c, Instant::now())),
         pending: None,
         open: &mut open,
         config: &config,
@@ -191,8 +191,8 @@ struct Worker<'a, O> {
     stats: &'a SharedStats,
     on_sim: bool,
     sessions: Sessions,
-    prefiller: Option<Prefiller>,
-    /// A job that stopped a pre-fill: served next, before anything else is taken.
+    prefiller: Option<Primer>,
+    /// A job that stopped a priming: served next, before anything else is taken.
     pending: Option<Job>,
 }
 
@@ -215,8 +215,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         drop(assistant);
     }
 
-    /// The next job: the one a pre-fill parked, else the queue's, waiting no longer than the
-    /// pre-fill (or the idle tick) allows.
+    /// The next job: the one a priming parked, else the queue's, waiting no longer than the
+    /// priming (or the idle tick) allows.
     fn next_job(&mut self) -> Result<Job, RecvTimeoutError> {
         let wait = self
             .prefiller
@@ -232,7 +232,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         }
     }
 
-    /// No job came: pre-fill the latest frame (if on), then expire idle sessions.
+    /// No job came: priming the latest frame (if on), then expire idle sessions.
     fn idle(&mut self, mut assistant: Assistant) -> ControlFlow<(), Assistant> {
         if let Some(p) = self.prefiller.as_mut() {
             let end = p.run(
@@ -242,16 +242,16 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                 &self.config.interrupt,
             );
             match end {
-                RunEnd::Fine => {}
-                RunEnd::Lost(reason) => {
+                PrimingEnd::Fine => {}
+                PrimingEnd::Lost(reason) => {
                     drop(assistant);
                     let reason = format!("the BPU backend is lost: {reason}");
                     let pending = self.pending.take();
                     serve_failed(reason, pending, self.jobs, self.outputs, self.stats);
                     return ControlFlow::Break(());
                 }
-                RunEnd::Panicked(panic) => {
-                    tracing::error!("latest-frame pre-fill panicked: {panic}");
+                PrimingEnd::Panicked(panic) => {
+                    tracing::error!("frame priming panicked: {panic}");
                     assistant = match recover(assistant, self.open, self.config, self.stats) {
                         Ok(a) => a,
                         Err(_) if self.config.interrupt.is_raised() => {
@@ -283,7 +283,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         ControlFlow::Continue(assistant)
     }
 
-    /// Serves `job` (from a pre-fill when one fits), then counts it and, after a contained
+    /// Serves `job` (from a priming when one fits), then counts it and, after a contained
     /// panic or a lost backend, recovers or ends the engine.
     fn serve_job(&mut self, mut assistant: Assistant, mut job: Job) -> ControlFlow<(), Assistant> {
         let fresh = job
@@ -292,7 +292,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
             .as_deref()
             .is_none_or(|s| self.sessions.get(s).is_none());
         let stopped = stopped_in_queue(&job);
-        // Only a job that runs is a pre-fill camera ask (and may park a stopped pre-fill).
+        // Only a job that runs is a priming camera ask (and may park a stopped priming).
         let chosen = self
             .prefiller
             .as_mut()
@@ -335,7 +335,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         self.sessions.expire(Instant::now());
         let snapshots = assistant.snapshots();
         let images_encoded = assistant.images_encoded();
-        let prefill_stats = self.prefiller.as_ref().map(Prefiller::stats);
+        let prefill_stats = self.prefiller.as_ref().map(Primer::stats);
         let (n, bytes) = (self.sessions.len(), self.sessions.bytes());
         update(self.stats, |s| {
             s.prefill = prefill_stats;
@@ -368,8 +368,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                 return ControlFlow::Break(());
             }
         };
-        // What was pre-filled lived in the state the failure may have left half-made (or
-        // in the model now reopened): pre-fills start over.
+        // What was primed lived in the state the failure may have left half-made (or
+        // in the model now reopened): primings start over.
         if let Some(p) = self.prefiller.as_mut() {
             p.forget();
         }
@@ -477,12 +477,12 @@ fn generate(
     plan: &mut JobPlan,
     sink: &mut TokenSink<'_>,
     lost: &mut Option<String>,
-    prefill: Option<(Chosen, &mut Prefiller)>,
+    prefill: Option<(Chosen, &mut Primer)>,
 ) -> Result<Generated, Failure> {
     // Only a turn that may be continued pays for a state snapshot.
     plan.turn.keep = plan.session_id.is_some();
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));
-    // A completed pre-fill holds the frame's image: only its key is needed, and the frame is
+    // A completed priming holds the frame's image: only its key is needed, and the frame is
     // not converted again on the way to the first token.
     let prefilled_frame =
         matches!(prefill, Some((Chosen::Completed(_), _))) && conversation.is_none();
@@ -502,7 +502,7 @@ fn generate(
             sink.delta(text, reasoning);
         }
     };
-    // Served from a pre-fill only as a fresh conversation; otherwise (or when the pre-fill
+    // Served from a priming only as a fresh conversation; otherwise (or when the priming
     // cannot go on) as without it, on the frame `choose` put in the plan.
     let prefilled = match prefill {
         Some((chosen, p)) if conversation.is_none() => {

@@ -1,22 +1,22 @@
-//! Latest-frame pre-fill (`prefill_latest_frame`): while no ask is queued, the worker runs the
+//! Frame priming (`prefill_latest_frame`): while no ask is queued, the worker runs the
 //! newest frame of `prefill_camera` through the vision tower and prefills it after the system
 //! block ([`Assistant::prime_frame`]), so an ask about that camera prefills only its
 //! question.
 //!
-//! Which frame an ask gets ([`Prefiller::choose`], decided when its turn comes, before its
-//! image is reported): the frame of the last completed pre-fill when the ask accepts its age
+//! Which frame an ask gets ([`Primer::choose`], decided when its turn comes, before its
+//! image is reported): the frame of the last completed priming when the ask accepts its age
 //! (at the ask's arrival: within `max_image_age_s` when the ask sets a limit, else within
-//! `prefill_max_age_s`) and has the same system prompt and tools; else a stopped pre-fill of an
+//! `prefill_max_age_s`) and has the same system prompt and tools; else a stopped priming of an
 //! acceptable frame, which the ask continues; else the newest frame, prefilled in full as
-//! without pre-fill. The answer reports the frame actually used. A stopped pre-fill the ask
+//! without priming. The answer reports the frame actually used. A stopped priming the ask
 //! does not continue is parked (a snapshot) and continued when the worker is idle again, while
 //! its frame is younger than half of `prefill_max_age_s`.
 //!
-//! Cost bounds: a pre-fill starts only when the queue is empty, is asked before the frame's
+//! Cost bounds: a priming starts only when the queue is empty, is asked before the frame's
 //! conversion and before every graph call whether an ask came (and then stops there, so an ask
-//! waits at most one graph call, and when that call completed the pre-fill without a third
+//! waits at most one graph call, and when that call completed the priming without a third
 //! cache set to keep it in, its snapshot: a host copy of the whole decode state), keeps its BPU time to `prefill_duty` of the wall
-//! time by resting after each pre-fill (for all of its runs: one stopped by an ask goes on
+//! time by resting after each priming (for all of its runs: one stopped by an ask goes on
 //! right after the ask, and rests when it ends), and submits one priority below the asks'
 //! `bpu_priority` (never below 0).
 
@@ -34,82 +34,82 @@ use crate::process::panics::{contained, Panic};
 use crate::ros::param_server::LiveParams;
 use crate::serve::job::{Images, Job, JobPlan};
 
-/// How often an idle worker looks for a newer frame to pre-fill.
+/// How often an idle worker looks for a newer frame to prime.
 const FRAME_POLL: Duration = Duration::from_millis(20);
 
-/// Pre-fill settings from the parameters.
+/// Priming settings from the parameters.
 #[derive(Clone)]
-pub struct PrefillConfig {
+pub struct PrimingConfig {
     pub cameras: Arc<CameraCache>,
     /// `None`: the default camera.
     pub camera: Option<String>,
-    /// Most share of wall time the pre-fills may keep the BPU busy, in (0, 1].
+    /// Most share of wall time the primings may keep the BPU busy, in (0, 1].
     pub duty: f64,
-    /// Oldest frame an ask without `max_image_age_s` is served from a pre-fill.
+    /// Oldest frame an ask without `max_image_age_s` is served from a priming.
     pub max_age: Duration,
-    /// The served parameters: pre-fills are made for the system block of the current
+    /// The served parameters: primings are made for the system block of the current
     /// `system_prompt` (settable at run time), no tools.
     pub params: LiveParams,
-    /// Priority of the asks' BPU tasks; pre-fills submit one below.
+    /// Priority of the asks' BPU tasks; primings submit one below.
     pub ask_priority: u8,
 }
 
 /// Counters for diagnostics.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PrefillStats {
-    /// Pre-fills completed.
+pub struct PrimingStats {
+    /// Primings completed.
     pub done: u64,
-    /// Pre-fills stopped at a graph-call boundary because an ask came.
+    /// Primings stopped at a graph-call boundary because an ask came.
     pub stopped: u64,
-    /// Asks on the pre-fill camera (fresh conversations) and those served from a pre-fill.
+    /// Asks on the priming camera (fresh conversations) and those served from a priming.
     pub camera_asks: u64,
     pub hits: u64,
-    /// Age of the pre-filled frame at the last hit's arrival, seconds.
+    /// Age of the primed frame at the last hit's arrival, seconds.
     pub last_hit_age_s: f64,
-    /// Arrival of the frame of the completed pre-fill, if any.
+    /// Arrival of the frame of the completed priming, if any.
     pub frame_arrival: Option<Instant>,
-    /// Share of wall time spent pre-filling since the model was ready ([`Prefiller::stats`]).
+    /// Share of wall time spent priming since the model was ready ([`Primer::stats`]).
     pub duty: f64,
 }
 
 /// What an ask is served from.
 pub enum Chosen {
     Completed(Arc<PrimedFrame>),
-    /// The stopped pre-fill, continued by the ask.
+    /// The stopped priming, continued by the ask.
     Resume,
 }
 
-/// How a pre-fill run ended, for the worker.
-pub enum RunEnd {
+/// How a priming run ended, for the worker.
+pub enum PrimingEnd {
     Fine,
     /// The backend cannot run anymore.
     Lost(String),
     Panicked(Panic),
 }
 
-/// The pre-fill state of the worker.
-pub struct Prefiller {
-    cfg: PrefillConfig,
+/// The priming state of the worker.
+pub struct Primer {
+    cfg: PrimingConfig,
     system: SystemOptions,
     completed: Option<(CachedFrame, Arc<PrimedFrame>)>,
-    /// The frame of a stopped pre-fill.
+    /// The frame of a stopped priming.
     stopped: Option<CachedFrame>,
     /// The last frame tried (completed, stopped or failed), so none is tried twice.
     tried: Option<(Arc<str>, u64)>,
-    /// No pre-fill starts before this (`prefill_duty`).
+    /// No priming starts before this (`prefill_duty`).
     rest_until: Instant,
-    /// BPU time of the stopped pre-fill's runs so far: rested once it ends (completed or
-    /// given up), so an ask that stops a pre-fill does not also push its end back by a rest.
+    /// BPU time of the stopped priming's runs so far: rested once it ends (completed or
+    /// given up), so an ask that stops a priming does not also push its end back by a rest.
     unrested: Duration,
-    /// The model cannot pre-fill (no vision tower).
+    /// The model cannot priming (no vision tower).
     off: bool,
     busy: Duration,
     since: Instant,
-    stats: PrefillStats,
+    stats: PrimingStats,
 }
 
-impl Prefiller {
-    pub fn new(cfg: PrefillConfig, now: Instant) -> Self {
+impl Primer {
+    pub fn new(cfg: PrimingConfig, now: Instant) -> Self {
         let system = SystemOptions {
             system: cfg.params.snapshot().system_prompt.clone(),
             tools: Vec::new(),
@@ -125,21 +125,21 @@ impl Prefiller {
             off: false,
             busy: Duration::ZERO,
             since: now,
-            stats: PrefillStats::default(),
+            stats: PrimingStats::default(),
         };
         match p.topic() {
-            Some(topic) => tracing::info!(%topic, "latest-frame pre-fill on"),
+            Some(topic) => tracing::info!(%topic, "frame priming on"),
             None => tracing::warn!(
                 camera = ?p.cfg.camera,
-                "latest-frame pre-fill off: prefill_camera names no configured camera"
+                "frame priming off: prefill_camera names no configured camera"
             ),
         }
         p
     }
 
-    pub fn stats(&self) -> PrefillStats {
+    pub fn stats(&self) -> PrimingStats {
         let wall = self.since.elapsed().as_secs_f64();
-        PrefillStats {
+        PrimingStats {
             duty: if wall > 0.0 {
                 self.busy.as_secs_f64() / wall
             } else {
@@ -160,7 +160,7 @@ impl Prefiller {
         }
     }
 
-    /// The frame to pre-fill now, if one is due: a frame not tried yet, the duty rest over.
+    /// The frame to prime now, if one is due: a frame not tried yet, the duty rest over.
     fn due(&self, now: Instant) -> Option<CachedFrame> {
         if self.off || now < self.rest_until {
             return None;
@@ -173,13 +173,13 @@ impl Prefiller {
         (!seen).then_some(f)
     }
 
-    /// Follows a run-time set of `system_prompt`: what was pre-filled for the old one can
+    /// Follows a run-time set of `system_prompt`: what was primed for the old one can
     /// serve no default ask anymore, so it is dropped (not continued, not parked) and the
-    /// newest frame, even one tried already, is pre-filled again for the new one.
+    /// newest frame, even one tried already, is primed again for the new one.
     fn follow_system(&mut self) {
         let live = self.cfg.params.snapshot().system_prompt.clone();
         if live != self.system.system {
-            tracing::debug!("system_prompt changed: pre-fills start over");
+            tracing::debug!("system_prompt changed: primings start over");
             self.system.system = live;
             self.completed = None;
             self.settle(Instant::now());
@@ -187,7 +187,7 @@ impl Prefiller {
         }
     }
 
-    /// Drops every pre-fill (completed and stopped): after the engine was reset or reopened.
+    /// Drops every priming (completed and stopped): after the engine was reset or reopened.
     pub fn forget(&mut self) {
         self.completed = None;
         self.stats.frame_arrival = None;
@@ -210,7 +210,7 @@ impl Prefiller {
         }
     }
 
-    /// Pre-fills the due frame (if any) while `jobs` stays empty. A job that arrives meanwhile
+    /// Primings the due frame (if any) while `jobs` stays empty. A job that arrives meanwhile
     /// stops the work at the next graph call and is left in `pending`.
     pub fn run(
         &mut self,
@@ -218,10 +218,10 @@ impl Prefiller {
         jobs: &Receiver<Job>,
         pending: &mut Option<Job>,
         shutdown: &vlm::interrupt::Interrupt,
-    ) -> RunEnd {
+    ) -> PrimingEnd {
         self.follow_system();
         let now = Instant::now();
-        // A stopped pre-fill of a still recent frame goes on (its work is done up to there);
+        // A stopped priming of a still recent frame goes on (its work is done up to there);
         // an older one gives way to the newest frame.
         let worth = |f: &CachedFrame| {
             f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_priming(&self.system)
@@ -232,7 +232,7 @@ impl Prefiller {
         }
         let resumable = self.stopped.clone().filter(|_| now >= self.rest_until);
         let Some(frame) = resumable.or_else(|| self.due(now)) else {
-            return RunEnd::Fine;
+            return PrimingEnd::Fine;
         };
         let mut closed = false;
         let mut interrupt = || {
@@ -248,11 +248,11 @@ impl Prefiller {
         // The frame's conversion (a JPEG decode, an NV12 conversion) cannot be interrupted:
         // an ask that came meanwhile goes first.
         if interrupt() {
-            return RunEnd::Fine;
+            return PrimingEnd::Fine;
         }
         self.tried = Some((frame.topic.clone(), frame.seq));
         let system = self.system.clone();
-        // The stopped pre-fill of this very frame goes on where it stopped, without its image.
+        // The stopped priming of this very frame goes on where it stopped, without its image.
         let resume = self
             .stopped
             .as_ref()
@@ -263,10 +263,10 @@ impl Prefiller {
         } else {
             match Images::Camera(frame.clone()).take_inputs() {
                 Ok((mut images, _)) if images.len() == 1 => Some(images.remove(0)),
-                Ok(_) => return RunEnd::Fine,
+                Ok(_) => return PrimingEnd::Fine,
                 Err(f) => {
-                    tracing::debug!("frame not pre-filled: {}", f.message);
-                    return RunEnd::Fine;
+                    tracing::debug!("frame not primed: {}", f.message);
+                    return PrimingEnd::Fine;
                 }
             }
         };
@@ -286,7 +286,7 @@ impl Prefiller {
                 self.stats.frame_arrival = Some(frame.arrival);
                 self.completed = Some((frame, Arc::new(p)));
                 self.settle(end);
-                RunEnd::Fine
+                PrimingEnd::Fine
             }
             Ok(Ok(PrimingOutcome::Stopped)) => {
                 self.stats.stopped += 1;
@@ -298,32 +298,34 @@ impl Prefiller {
                 } else {
                     self.settle(end);
                 }
-                RunEnd::Fine
+                PrimingEnd::Fine
             }
             Ok(Err(e)) => self.failed(&e),
-            Err(p) => RunEnd::Panicked(p),
+            Err(p) => PrimingEnd::Panicked(p),
         }
     }
 
-    fn failed(&mut self, e: &AssistantError) -> RunEnd {
+    fn failed(&mut self, e: &AssistantError) -> PrimingEnd {
         self.settle(Instant::now());
         match e {
-            AssistantError::Engine(e) if e.backend_is_lost() => return RunEnd::Lost(e.to_string()),
+            AssistantError::Engine(e) if e.backend_is_lost() => {
+                return PrimingEnd::Lost(e.to_string())
+            }
             AssistantError::Engine(EngineError::NoVision) => {
-                tracing::warn!("latest-frame pre-fill off: the model has no vision tower");
+                tracing::warn!("frame priming off: the model has no vision tower");
                 self.off = true;
             }
             _ => {
                 // Not retried at the camera's rate: a failure that repeats logs once a second.
-                tracing::warn!("latest-frame pre-fill failed: {e}");
+                tracing::warn!("frame priming failed: {e}");
                 self.rest_until = self.rest_until.max(Instant::now() + Duration::from_secs(1));
             }
         }
-        RunEnd::Fine
+        PrimingEnd::Fine
     }
 
-    /// Ends the stopped pre-fill, if any, and rests so that pre-fills keep the BPU at most
-    /// `duty` of the time: after the BPU time of a pre-fill's runs (all of them, when asks
+    /// Ends the stopped priming, if any, and rests so that primes keep the BPU at most
+    /// `duty` of the time: after the BPU time of a priming's runs (all of them, when asks
     /// stopped it in between), `time · (1 − duty) / duty` idle, from `now` (its end).
     fn settle(&mut self, now: Instant) {
         self.stopped = None;
@@ -334,26 +336,26 @@ impl Prefiller {
 
     /// Decides what a job is served from and makes its image the chosen frame (so the answer
     /// reports it). `fresh`: the job starts a new conversation. `None`: served as without
-    /// pre-fill.
+    /// priming.
     pub fn choose(
         &mut self,
         plan: &mut JobPlan,
         fresh: bool,
         assistant: &mut Assistant,
     ) -> Option<Chosen> {
-        // A stopped pre-fill for a system prompt set away is not parked for nothing.
+        // A stopped priming for a system prompt set away is not parked for nothing.
         self.follow_system();
         let chosen = self.decide(plan, fresh, assistant);
         tracing::debug!(
             chosen = match &chosen {
-                Some(Chosen::Completed(_)) => "completed pre-fill",
-                Some(Chosen::Resume) => "stopped pre-fill, continued",
-                None => "no pre-fill",
+                Some(Chosen::Completed(_)) => "completed priming",
+                Some(Chosen::Resume) => "stopped priming, continued",
+                None => "no priming",
             },
             stopped = self.stopped.is_some(),
             "frame chosen"
         );
-        // A stopped pre-fill the ask does not continue is kept (a snapshot) to go on later,
+        // A stopped priming the ask does not continue is kept (a snapshot) to go on later,
         // unless its frame is too old to be continued anyway (`run`).
         if !matches!(chosen, Some(Chosen::Resume)) {
             let now = Instant::now();
@@ -361,7 +363,7 @@ impl Prefiller {
             if !self.stopped.as_ref().is_some_and(worth) {
                 self.settle(now);
             } else if let Err(e) = assistant.stash_priming() {
-                tracing::warn!("the stopped pre-fill could not be kept: {e}");
+                tracing::warn!("the stopped priming could not be kept: {e}");
                 self.settle(now);
             }
         }
@@ -406,8 +408,8 @@ impl Prefiller {
         self.stats.last_hit_age_s = frame.age(arrival).as_secs_f64();
     }
 
-    /// Answers `turn` from what [`Prefiller::choose`] chose. `None` when that is no longer
-    /// possible (a stopped pre-fill that cannot go on): the caller asks as without pre-fill,
+    /// Answers `turn` from what [`Primer::choose`] chose. `None` when that is no longer
+    /// possible (a stopped priming that cannot go on): the caller asks as without priming,
     /// on the same frame.
     pub fn answer(
         &mut self,
@@ -426,7 +428,7 @@ impl Prefiller {
                         .is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire))
                 };
                 let frame = self.stopped.take()?;
-                // The ask finishes the pre-fill: what ran of it in the background is rested.
+                // The ask finishes the priming: what ran of it in the background is rested.
                 self.settle(Instant::now());
                 match assistant.resume_priming(&mut stop) {
                     Ok(PrimingOutcome::Done(p)) => {
@@ -460,11 +462,11 @@ mod tests {
         LiveParams::new(Params::from_values(&HashMap::new()).unwrap())
     }
 
-    fn prefiller(duty: f64, now: Instant) -> Prefiller {
+    fn prefiller(duty: f64, now: Instant) -> Primer {
         prefiller_with(duty, now, live())
     }
 
-    fn prefiller_with(duty: f64, now: Instant, params: LiveParams) -> Prefiller {
+    fn prefiller_with(duty: f64, now: Instant, params: LiveParams) -> Primer {
         let cameras = CameraCache::new(
             CacheConfig {
                 topics: vec!["/cam".into()],
@@ -474,7 +476,7 @@ mod tests {
             now,
         )
         .unwrap();
-        let cfg = PrefillConfig {
+        let cfg = PrimingConfig {
             cameras: Arc::new(cameras),
             camera: None,
             duty,
@@ -482,7 +484,7 @@ mod tests {
             params,
             ask_priority: 0,
         };
-        Prefiller::new(cfg, now)
+        Primer::new(cfg, now)
     }
 
     #[test]
@@ -493,7 +495,7 @@ mod tests {
         // No frame yet: nothing due, the worker looks again after a short poll.
         assert!(half.due(now).is_none());
         assert_eq!(half.wait(now, Duration::from_secs(1)), FRAME_POLL);
-        // Duty 0.5: as long a rest as the pre-fill took, counted from its end.
+        // Duty 0.5: as long a rest as the priming took, counted from its end.
         let spent = Duration::from_millis(400);
         let end = now + Duration::from_secs(3);
         half.unrested = spent;
@@ -517,7 +519,7 @@ mod tests {
         full.unrested = spent;
         full.settle(end);
         assert_eq!(full.rest_until, end, "duty 1: none");
-        // A pre-fill stopped by asks rests for all of its runs once it ends, not after each:
+        // A priming stopped by asks rests for all of its runs once it ends, not after each:
         // the ask that stopped it is not followed by a rest before it goes on.
         let mut stopped = prefiller(0.5, now);
         stopped.unrested = spent;
@@ -543,7 +545,7 @@ mod tests {
             .unwrap();
         p.follow_system();
         assert_eq!(p.system.system.as_deref(), Some("Be brief."));
-        assert!(p.tried.is_none(), "the tried frame is pre-filled again");
+        assert!(p.tried.is_none(), "the tried frame is primed again");
         assert!(p.completed.is_none() && p.stopped.is_none());
     }
 }
