@@ -259,165 +259,7 @@ impl RawConfig {
             (None, Some(t)) => (t, ""),
             (None, None) => return Err(bad("text_config", "missing")),
         };
-        let k = |name: &str| format!("{prefix}{name}");
-        let num_layers = need(t.num_hidden_layers, &k("num_hidden_layers"))?;
-        let layer_types = match &t.layer_types {
-            Some(list) => {
-                if list.len() != num_layers {
-                    return Err(bad(
-                        &k("layer_types"),
-                        format!(
-                            "{} entries but num_hidden_layers = {num_layers}",
-                            list.len()
-                        ),
-                    ));
-                }
-                list.iter()
-                    .enumerate()
-                    .map(|(i, s)| match s.as_str() {
-                        "linear_attention" => Ok(LayerType::LinearAttention),
-                        "full_attention" => Ok(LayerType::FullAttention),
-                        other => Err(bad(
-                            &format!("{prefix}layer_types[{i}]"),
-                            format!(
-                                "unknown layer type `{other}` (supported: linear_attention, full_attention)"
-                            ),
-                        )),
-                    })
-                    .collect::<Result<Vec<_>>>()?
-            }
-            None => {
-                let interval = t.full_attention_interval.unwrap_or(4);
-                if interval == 0 {
-                    return Err(bad(&k("full_attention_interval"), "must be ≥ 1"));
-                }
-                (0..num_layers)
-                    .map(|i| {
-                        if (i + 1) % interval == 0 {
-                            LayerType::FullAttention
-                        } else {
-                            LayerType::LinearAttention
-                        }
-                    })
-                    .collect()
-            }
-        };
-        if let Some(act) = &t.hidden_act {
-            if act != "silu" {
-                return Err(bad(
-                    &k("hidden_act"),
-                    format!("`{act}` unsupported (only silu)"),
-                ));
-            }
-        }
-        if t.attention_bias == Some(true) {
-            return Err(bad(
-                &k("attention_bias"),
-                "true is unsupported (Qwen3.5 has no attention biases)",
-            ));
-        }
-        let rope = need(t.rope_parameters.clone(), &k("rope_parameters"))?;
-        let rk = |name: &str| format!("{prefix}rope_parameters.{name}");
-        if let Some(rt) = &rope.rope_type {
-            if rt != "default" {
-                return Err(bad(
-                    &rk("rope_type"),
-                    format!("`{rt}` unsupported (only default)"),
-                ));
-            }
-        }
-        let head_dim = need(t.head_dim, &k("head_dim"))?;
-        let prf = need(rope.partial_rotary_factor, &rk("partial_rotary_factor"))?;
-        let rotary = (head_dim as f64 * prf).round() as usize;
-        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > head_dim {
-            return Err(bad(
-                &rk("partial_rotary_factor"),
-                format!("gives rotary dim {rotary}, which must be even and in 2..={head_dim}"),
-            ));
-        }
-        let mrope_section = rope.mrope_section.clone().unwrap_or_default();
-        if !mrope_section.is_empty() {
-            if mrope_section.len() != 3 {
-                return Err(bad(&rk("mrope_section"), "must have 3 entries [t, h, w]"));
-            }
-            if mrope_section.iter().sum::<usize>() != rotary / 2 {
-                return Err(bad(
-                    &rk("mrope_section"),
-                    format!(
-                        "sums to {} but rotary_dim/2 = {}",
-                        mrope_section.iter().sum::<usize>(),
-                        rotary / 2
-                    ),
-                ));
-            }
-            if rope.mrope_interleaved == Some(false) {
-                return Err(bad(
-                    &rk("mrope_interleaved"),
-                    "false (contiguous M-RoPE) is unsupported",
-                ));
-            }
-        }
-        let hidden = need(t.hidden_size, &k("hidden_size"))?;
-        let nh = need(t.num_attention_heads, &k("num_attention_heads"))?;
-        let nkv = need(t.num_key_value_heads, &k("num_key_value_heads"))?;
-        if nkv == 0 || nh % nkv != 0 {
-            return Err(bad(
-                &k("num_key_value_heads"),
-                format!("{nkv} does not divide num_attention_heads {nh}"),
-            ));
-        }
-        let hk = need(t.linear_num_key_heads, &k("linear_num_key_heads"))?;
-        let hv = need(t.linear_num_value_heads, &k("linear_num_value_heads"))?;
-        if hk == 0 || hv % hk != 0 {
-            return Err(bad(
-                &k("linear_num_value_heads"),
-                format!("{hv} is not a multiple of linear_num_key_heads {hk}"),
-            ));
-        }
-        let conv = need(t.linear_conv_kernel_dim, &k("linear_conv_kernel_dim"))?;
-        if conv == 0 {
-            return Err(bad(&k("linear_conv_kernel_dim"), "must be ≥ 1"));
-        }
-        let eos_token_ids = match &t.eos_token_id {
-            None | Some(serde_json::Value::Null) => Vec::new(),
-            Some(serde_json::Value::Number(n)) => vec![n
-                .as_u64()
-                .ok_or_else(|| bad(&k("eos_token_id"), "not an id"))?
-                as u32],
-            Some(serde_json::Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .map(|x| x as u32)
-                        .ok_or_else(|| bad(&k("eos_token_id"), "not an id"))
-                })
-                .collect::<Result<_>>()?,
-            Some(_) => return Err(bad(&k("eos_token_id"), "must be an id or a list of ids")),
-        };
-        let text = TextConfig {
-            vocab_size: need(t.vocab_size, &k("vocab_size"))?,
-            hidden_size: hidden,
-            intermediate_size: need(t.intermediate_size, &k("intermediate_size"))?,
-            num_attention_heads: nh,
-            num_key_value_heads: nkv,
-            head_dim,
-            linear_num_key_heads: hk,
-            linear_num_value_heads: hv,
-            linear_key_head_dim: need(t.linear_key_head_dim, &k("linear_key_head_dim"))?,
-            linear_value_head_dim: need(t.linear_value_head_dim, &k("linear_value_head_dim"))?,
-            linear_conv_kernel_dim: conv,
-            layer_types,
-            rms_norm_eps: t.rms_norm_eps.unwrap_or(1e-6) as f32,
-            max_position_embeddings: t.max_position_embeddings.unwrap_or(262_144),
-            rope_theta: need(rope.rope_theta, &rk("rope_theta"))?,
-            rotary_dim: rotary,
-            mrope_section,
-            tie_word_embeddings: self
-                .tie_word_embeddings
-                .or(t.tie_word_embeddings)
-                .unwrap_or(true),
-            eos_token_ids,
-        };
+        let text = resolve_text(&t, prefix, self.tie_word_embeddings)?;
         let vision = match self.vision_config {
             None => None,
             Some(v) => Some(resolve_vision(v)?),
@@ -437,6 +279,197 @@ impl RawConfig {
             vision_end_token_id: self.vision_end_token_id,
         })
     }
+}
+
+/// The text model; `prefix` names where its keys live (`text_config.` or the top level),
+/// `tie_top` is the top-level `tie_word_embeddings`, which wins over the text config's.
+fn resolve_text(t: &RawTextConfig, prefix: &str, tie_top: Option<bool>) -> Result<TextConfig> {
+    let k = |name: &str| format!("{prefix}{name}");
+    let rk = |name: &str| format!("{prefix}rope_parameters.{name}");
+    let num_layers = need(t.num_hidden_layers, &k("num_hidden_layers"))?;
+    let layer_types = resolve_layer_types(t, prefix, num_layers)?;
+    if let Some(act) = &t.hidden_act {
+        if act != "silu" {
+            return Err(bad(
+                &k("hidden_act"),
+                format!("`{act}` unsupported (only silu)"),
+            ));
+        }
+    }
+    if t.attention_bias == Some(true) {
+        return Err(bad(
+            &k("attention_bias"),
+            "true is unsupported (Qwen3.5 has no attention biases)",
+        ));
+    }
+    let rope = need(t.rope_parameters.clone(), &k("rope_parameters"))?;
+    if let Some(rt) = &rope.rope_type {
+        if rt != "default" {
+            return Err(bad(
+                &rk("rope_type"),
+                format!("`{rt}` unsupported (only default)"),
+            ));
+        }
+    }
+    let head_dim = need(t.head_dim, &k("head_dim"))?;
+    let rotary = rotary_dim(&rope, head_dim, prefix)?;
+    let mrope_section = resolve_mrope_section(&rope, rotary, prefix)?;
+    let hidden = need(t.hidden_size, &k("hidden_size"))?;
+    let nh = need(t.num_attention_heads, &k("num_attention_heads"))?;
+    let nkv = need(t.num_key_value_heads, &k("num_key_value_heads"))?;
+    if nkv == 0 || nh % nkv != 0 {
+        return Err(bad(
+            &k("num_key_value_heads"),
+            format!("{nkv} does not divide num_attention_heads {nh}"),
+        ));
+    }
+    let hk = need(t.linear_num_key_heads, &k("linear_num_key_heads"))?;
+    let hv = need(t.linear_num_value_heads, &k("linear_num_value_heads"))?;
+    if hk == 0 || hv % hk != 0 {
+        return Err(bad(
+            &k("linear_num_value_heads"),
+            format!("{hv} is not a multiple of linear_num_key_heads {hk}"),
+        ));
+    }
+    let conv = need(t.linear_conv_kernel_dim, &k("linear_conv_kernel_dim"))?;
+    if conv == 0 {
+        return Err(bad(&k("linear_conv_kernel_dim"), "must be ≥ 1"));
+    }
+    let eos_token_ids = resolve_eos(t, prefix)?;
+    Ok(TextConfig {
+        vocab_size: need(t.vocab_size, &k("vocab_size"))?,
+        hidden_size: hidden,
+        intermediate_size: need(t.intermediate_size, &k("intermediate_size"))?,
+        num_attention_heads: nh,
+        num_key_value_heads: nkv,
+        head_dim,
+        linear_num_key_heads: hk,
+        linear_num_value_heads: hv,
+        linear_key_head_dim: need(t.linear_key_head_dim, &k("linear_key_head_dim"))?,
+        linear_value_head_dim: need(t.linear_value_head_dim, &k("linear_value_head_dim"))?,
+        linear_conv_kernel_dim: conv,
+        layer_types,
+        rms_norm_eps: t.rms_norm_eps.unwrap_or(1e-6) as f32,
+        max_position_embeddings: t.max_position_embeddings.unwrap_or(262_144),
+        rope_theta: need(rope.rope_theta, &rk("rope_theta"))?,
+        rotary_dim: rotary,
+        mrope_section,
+        tie_word_embeddings: tie_top.or(t.tie_word_embeddings).unwrap_or(true),
+        eos_token_ids,
+    })
+}
+
+/// `layer_types` as listed, or every `full_attention_interval`-th layer full attention.
+fn resolve_layer_types(
+    t: &RawTextConfig,
+    prefix: &str,
+    num_layers: usize,
+) -> Result<Vec<LayerType>> {
+    let k = |name: &str| format!("{prefix}{name}");
+    let Some(list) = &t.layer_types else {
+        let interval = t.full_attention_interval.unwrap_or(4);
+        if interval == 0 {
+            return Err(bad(&k("full_attention_interval"), "must be ≥ 1"));
+        }
+        return Ok((0..num_layers)
+            .map(|i| {
+                if (i + 1) % interval == 0 {
+                    LayerType::FullAttention
+                } else {
+                    LayerType::LinearAttention
+                }
+            })
+            .collect());
+    };
+    if list.len() != num_layers {
+        return Err(bad(
+            &k("layer_types"),
+            format!(
+                "{} entries but num_hidden_layers = {num_layers}",
+                list.len()
+            ),
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| match s.as_str() {
+            "linear_attention" => Ok(LayerType::LinearAttention),
+            "full_attention" => Ok(LayerType::FullAttention),
+            other => Err(bad(
+                &format!("{prefix}layer_types[{i}]"),
+                format!(
+                    "unknown layer type `{other}` (supported: linear_attention, full_attention)"
+                ),
+            )),
+        })
+        .collect()
+}
+
+/// Rotated dims per head: `head_dim × partial_rotary_factor`, even and at most `head_dim`.
+fn rotary_dim(rope: &RawRopeParameters, head_dim: usize, prefix: &str) -> Result<usize> {
+    let rk = |name: &str| format!("{prefix}rope_parameters.{name}");
+    let prf = need(rope.partial_rotary_factor, &rk("partial_rotary_factor"))?;
+    let rotary = (head_dim as f64 * prf).round() as usize;
+    if rotary == 0 || !rotary.is_multiple_of(2) || rotary > head_dim {
+        return Err(bad(
+            &rk("partial_rotary_factor"),
+            format!("gives rotary dim {rotary}, which must be even and in 2..={head_dim}"),
+        ));
+    }
+    Ok(rotary)
+}
+
+/// The M-RoPE split `[t, h, w]` (empty = plain rope); it must cover `rotary / 2` and be
+/// interleaved.
+fn resolve_mrope_section(
+    rope: &RawRopeParameters,
+    rotary: usize,
+    prefix: &str,
+) -> Result<Vec<usize>> {
+    let rk = |name: &str| format!("{prefix}rope_parameters.{name}");
+    let mrope_section = rope.mrope_section.clone().unwrap_or_default();
+    if !mrope_section.is_empty() {
+        if mrope_section.len() != 3 {
+            return Err(bad(&rk("mrope_section"), "must have 3 entries [t, h, w]"));
+        }
+        if mrope_section.iter().sum::<usize>() != rotary / 2 {
+            return Err(bad(
+                &rk("mrope_section"),
+                format!(
+                    "sums to {} but rotary_dim/2 = {}",
+                    mrope_section.iter().sum::<usize>(),
+                    rotary / 2
+                ),
+            ));
+        }
+        if rope.mrope_interleaved == Some(false) {
+            return Err(bad(
+                &rk("mrope_interleaved"),
+                "false (contiguous M-RoPE) is unsupported",
+            ));
+        }
+    }
+    Ok(mrope_section)
+}
+
+/// `eos_token_id`: absent, null, one id or a list of ids.
+fn resolve_eos(t: &RawTextConfig, prefix: &str) -> Result<Vec<u32>> {
+    let key = format!("{prefix}eos_token_id");
+    Ok(match &t.eos_token_id {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Number(n)) => {
+            vec![n.as_u64().ok_or_else(|| bad(&key, "not an id"))? as u32]
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .map(|x| x as u32)
+                    .ok_or_else(|| bad(&key, "not an id"))
+            })
+            .collect::<Result<_>>()?,
+        Some(_) => return Err(bad(&key, "must be an id or a list of ids")),
+    })
 }
 
 fn resolve_vision(v: RawVisionConfig) -> Result<VisionConfig> {

@@ -95,18 +95,49 @@ pub fn delta_rule_chunked(
     let mut start = 0;
     while start < n {
         let c = chunk.min(n - start);
-        let q = &inp.q[start * dk..(start + c) * dk];
-        let k = &inp.k[start * dk..(start + c) * dk];
-        let v = &inp.v[start * dv..(start + c) * dv];
-        let beta = &inp.beta[start..start + c];
-        // cumulative log decay inside the chunk
-        let gamma: Vec<f32> = inp.g[start..start + c]
-            .iter()
-            .scan(0.0f32, |acc, g| {
-                *acc += g;
-                Some(*acc)
-            })
-            .collect();
+        let ch = Chunk {
+            q: &inp.q[start * dk..(start + c) * dk],
+            k: &inp.k[start * dk..(start + c) * dk],
+            v: &inp.v[start * dv..(start + c) * dv],
+            beta: &inp.beta[start..start + c],
+            gamma: cumulative_decay(&inp.g[start..start + c]),
+            c,
+            dk,
+            dv,
+        };
+        ch.step(s, &mut out[start * dv..(start + c) * dv]);
+        start += c;
+    }
+    out
+}
+
+/// Cumulative log decay inside a chunk.
+fn cumulative_decay(g: &[f32]) -> Vec<f32> {
+    g.iter()
+        .scan(0.0f32, |acc, g| {
+            *acc += g;
+            Some(*acc)
+        })
+        .collect()
+}
+
+/// `c` rows of one head's inputs, with `gamma` the cumulative log decay.
+struct Chunk<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    beta: &'a [f32],
+    gamma: Vec<f32>,
+    c: usize,
+    dk: usize,
+    dv: usize,
+}
+
+impl Chunk<'_> {
+    /// Writes the chunk's output rows `o` (`[c, dv]`) and advances the state `s` past it.
+    fn step(&self, s: &mut [f32], o: &mut [f32]) {
+        let (c, dk, dv) = (self.c, self.dk, self.dv);
+        let (q, k) = (self.q, self.k);
         let mut kk = vec![0.0f32; c * c];
         gemm_into(
             &mut kk,
@@ -123,7 +154,27 @@ pub fn delta_rule_chunked(
             MatRef::transposed(k, dk, c),
             false,
         );
-        // A[t, j] = β_t (k_t·k_j) e^{γ_t−γ_j}, j < t; solve (I + A) [U | W] = [βV | βΓK]
+        let (uu, ww) = self.solve_uw(&kk);
+        // V' = U − W S₀
+        let mut vp = uu;
+        let mut ws = vec![0.0f32; c * dv];
+        gemm_into(
+            &mut ws,
+            dv,
+            MatRef::rows(&ww, c, dk),
+            MatRef::rows(s, dk, dv),
+            false,
+        );
+        vp.iter_mut().zip(&ws).for_each(|(x, y)| *x -= y);
+        self.output(s, &mut qk, &vp, o);
+        self.advance_state(s, &vp);
+    }
+
+    /// A[t, j] = β_t (k_t·k_j) e^{γ_t−γ_j}, j < t; solves (I + A) [U | W] = [βV | βΓK] by
+    /// forward substitution → `(U [c, dv], W [c, dk])`.
+    fn solve_uw(&self, kk: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (c, dk, dv) = (self.c, self.dk, self.dv);
+        let (k, v, beta, gamma) = (self.k, self.v, self.beta, &self.gamma);
         let mut a = vec![0.0f32; c * c];
         for t in 0..c {
             for j in 0..t {
@@ -155,23 +206,17 @@ pub fn delta_rule_chunked(
                 }
             }
         }
-        // V' = U − W S₀
-        let mut vp = uu;
-        let mut ws = vec![0.0f32; c * dv];
-        gemm_into(
-            &mut ws,
-            dv,
-            MatRef::rows(&ww, c, dk),
-            MatRef::rows(s, dk, dv),
-            false,
-        );
-        vp.iter_mut().zip(&ws).for_each(|(x, y)| *x -= y);
-        // O = diag(Γ) Q S₀ + (QKᵀ ⊙ M) V'
-        let o = &mut out[start * dv..(start + c) * dv];
+        (uu, ww)
+    }
+
+    /// O = diag(Γ) Q S₀ + (QKᵀ ⊙ M) V', with `qk` masked and decayed in place.
+    fn output(&self, s: &[f32], qk: &mut [f32], vp: &[f32], o: &mut [f32]) {
+        let (c, dk, dv) = (self.c, self.dk, self.dv);
+        let gamma = &self.gamma;
         gemm_into(
             o,
             dv,
-            MatRef::rows(q, c, dk),
+            MatRef::rows(self.q, c, dk),
             MatRef::rows(s, dk, dv),
             false,
         );
@@ -186,18 +231,17 @@ pub fn delta_rule_chunked(
                 };
             }
         }
-        gemm_into(
-            o,
-            dv,
-            MatRef::rows(&qk, c, c),
-            MatRef::rows(&vp, c, dv),
-            true,
-        );
-        // S_C = Γ_C S₀ + Σ_j e^{γ_C−γ_j} k_j ⊗ V'_j
+        gemm_into(o, dv, MatRef::rows(qk, c, c), MatRef::rows(vp, c, dv), true);
+    }
+
+    /// S_C = Γ_C S₀ + Σ_j e^{γ_C−γ_j} k_j ⊗ V'_j
+    fn advance_state(&self, s: &mut [f32], vp: &[f32]) {
+        let (c, dk, dv) = (self.c, self.dk, self.dv);
+        let gamma = &self.gamma;
         let gl = gamma[c - 1];
         let gc = gl.exp();
         s.iter_mut().for_each(|x| *x *= gc);
-        let mut kd = k.to_vec();
+        let mut kd = self.k.to_vec();
         for t in 0..c {
             let f = (gl - gamma[t]).exp();
             kd[t * dk..(t + 1) * dk].iter_mut().for_each(|x| *x *= f);
@@ -206,12 +250,10 @@ pub fn delta_rule_chunked(
             s,
             dv,
             MatRef::transposed(&kd, dk, c),
-            MatRef::rows(&vp, c, dv),
+            MatRef::rows(vp, c, dv),
             true,
         );
-        start += c;
     }
-    out
 }
 
 /// Causal depthwise conv over time + SiLU. `x` is `[n, ch]`, `w` `[ch, kernel]`, `state`

@@ -112,7 +112,35 @@ impl VisionTower {
     pub fn forward(&self, pixel_values: &[f32], grids: &[ImageGrid]) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let m = cfg.spatial_merge_size;
-        let d = cfg.hidden_size;
+        let total = self.patch_count(grids)?;
+        check_len(
+            "pixel_values [patches, C*T*P*P]",
+            total * cfg.patch_len(),
+            pixel_values.len(),
+        )?;
+        let mut x = self.patch_embed.forward(pixel_values, total);
+        let rc = merge_order_positions(grids, m);
+        self.add_position_embedding(&mut x, &rc);
+        let (cos, sin) = self.rotary_tables(&rc);
+        let frames = frame_spans(grids);
+        for b in &self.blocks {
+            self.block_forward(b, &mut x, total, &frames, &cos, &sin);
+        }
+        layer_norm(
+            &mut x,
+            &self.merger_norm.0,
+            &self.merger_norm.1,
+            VISION_LN_EPS,
+        );
+        let rows = total / (m * m);
+        let mut hsn = self.merger_fc1.forward(&x, rows);
+        hsn.iter_mut().for_each(|v| *v = gelu_erf(*v));
+        Ok(self.merger_fc2.forward(&hsn, rows))
+    }
+
+    /// Patches of all images; every grid must be non-empty and divisible by the merge size.
+    fn patch_count(&self, grids: &[ImageGrid]) -> Result<usize> {
+        let m = self.cfg.spatial_merge_size;
         let mut total = 0;
         for g in grids {
             if g.t == 0 || g.h == 0 || g.w == 0 || g.h % m != 0 || g.w % m != 0 {
@@ -125,29 +153,14 @@ impl VisionTower {
             }
             total += g.t * g.h * g.w;
         }
-        check_len(
-            "pixel_values [patches, C*T*P*P]",
-            total * cfg.patch_len(),
-            pixel_values.len(),
-        )?;
-        let mut x = self.patch_embed.forward(pixel_values, total);
-        // row/col of every patch in merge order, frame by frame
-        let mut rc = Vec::with_capacity(total);
-        for g in grids {
-            for _ in 0..g.t {
-                for br in 0..g.h / m {
-                    for bc in 0..g.w / m {
-                        for ir in 0..m {
-                            for ic in 0..m {
-                                rc.push((br * m + ir, bc * m + ic, g.h, g.w));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // bilinear (align_corners) resampling of the learned position grid
-        let side = cfg.pos_grid_side;
+        Ok(total)
+    }
+
+    /// Adds the learned position grid, resampled bilinearly (align_corners) to each image's
+    /// grid, to the patch rows.
+    fn add_position_embedding(&self, x: &mut [f32], rc: &[PatchPos]) {
+        let d = self.cfg.hidden_size;
+        let side = self.cfg.pos_grid_side;
         let taps = |i: usize, n: usize| {
             let src = if n > 1 {
                 i as f64 * (side - 1) as f64 / (n - 1) as f64
@@ -173,14 +186,18 @@ impl VisionTower {
                 row.iter_mut().zip(pe).for_each(|(a, b)| *a += wt * b);
             }
         }
-        // 2-D rotary tables over the full head dim: [row·f, col·f] duplicated
-        let hd = cfg.head_dim();
+    }
+
+    /// 2-D rotary tables `(cos, sin)`, `[patches, head_dim]` each, over the full head dim:
+    /// `[row·f, col·f]` duplicated.
+    fn rotary_tables(&self, rc: &[PatchPos]) -> (Vec<f32>, Vec<f32>) {
+        let hd = self.cfg.head_dim();
         let nf = hd / 4;
         let inv: Vec<f64> = (0..nf)
             .map(|i| VISION_ROPE_THETA.powf(-(2.0 * i as f64) / (hd / 2) as f64))
             .collect();
-        let mut cos = vec![0.0f32; total * hd];
-        let mut sin = vec![0.0f32; total * hd];
+        let mut cos = vec![0.0f32; rc.len() * hd];
+        let mut sin = vec![0.0f32; rc.len() * hd];
         for (p, &(r, c, _, _)) in rc.iter().enumerate() {
             for (i, f) in inv.iter().enumerate() {
                 for (j, pos) in [(i, r), (i + nf, c)] {
@@ -192,61 +209,104 @@ impl VisionTower {
                 }
             }
         }
-        // frames: block-diagonal attention
-        let mut frames = Vec::new();
-        let mut start = 0;
-        for g in grids {
-            for _ in 0..g.t {
-                frames.push((start, g.h * g.w));
-                start += g.h * g.w;
-            }
-        }
-        let nh = cfg.num_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        for b in &self.blocks {
-            let mut h = x.clone();
-            layer_norm(&mut h, &b.norm1.0, &b.norm1.1, VISION_LN_EPS);
-            let qkv = b.qkv.forward(&h, total);
-            let mut attn_out = vec![0.0f32; total * d];
-            for &(s0, len) in &frames {
-                let mut q = vec![0.0f32; len * d];
-                let mut k = vec![0.0f32; len * d];
-                let mut v = vec![0.0f32; len * d];
-                for t in 0..len {
-                    let row = &qkv[(s0 + t) * 3 * d..(s0 + t + 1) * 3 * d];
-                    q[t * d..(t + 1) * d].copy_from_slice(&row[..d]);
-                    k[t * d..(t + 1) * d].copy_from_slice(&row[d..2 * d]);
-                    v[t * d..(t + 1) * d].copy_from_slice(&row[2 * d..]);
-                    let (c, s) = (
-                        &cos[(s0 + t) * hd..(s0 + t + 1) * hd],
-                        &sin[(s0 + t) * hd..(s0 + t + 1) * hd],
-                    );
-                    apply_rotary(&mut q[t * d..(t + 1) * d], hd, c, s);
-                    apply_rotary(&mut k[t * d..(t + 1) * d], hd, c, s);
-                }
-                let o = attention(&q, len, nh, &k, &v, len, nh, hd, scale, AttnMask::None);
-                attn_out[s0 * d..(s0 + len) * d].copy_from_slice(&o);
-            }
-            let pr = b.proj.forward(&attn_out, total);
-            x.iter_mut().zip(&pr).for_each(|(a, c)| *a += c);
-            let mut h = x.clone();
-            layer_norm(&mut h, &b.norm2.0, &b.norm2.1, VISION_LN_EPS);
-            let mut f = b.fc1.forward(&h, total);
-            f.iter_mut().for_each(|v| *v = gelu_tanh(*v));
-            let f2 = b.fc2.forward(&f, total);
-            x.iter_mut().zip(&f2).for_each(|(a, c)| *a += c);
-        }
-        layer_norm(
-            &mut x,
-            &self.merger_norm.0,
-            &self.merger_norm.1,
-            VISION_LN_EPS,
-        );
-        let rows = total / (m * m);
-        let mut hsn = self.merger_fc1.forward(&x, rows);
-        hsn.iter_mut().for_each(|v| *v = gelu_erf(*v));
-        Ok(self.merger_fc2.forward(&hsn, rows))
+        (cos, sin)
     }
+
+    /// One pre-norm block: block-diagonal attention over each frame, then the MLP.
+    fn block_forward(
+        &self,
+        b: &Block,
+        x: &mut [f32],
+        total: usize,
+        frames: &[(usize, usize)],
+        cos: &[f32],
+        sin: &[f32],
+    ) {
+        let d = self.cfg.hidden_size;
+        let mut h = x.to_vec();
+        layer_norm(&mut h, &b.norm1.0, &b.norm1.1, VISION_LN_EPS);
+        let qkv = b.qkv.forward(&h, total);
+        let mut attn_out = vec![0.0f32; total * d];
+        for &(s0, len) in frames {
+            let o = self.frame_attention(&qkv, s0, len, cos, sin);
+            attn_out[s0 * d..(s0 + len) * d].copy_from_slice(&o);
+        }
+        let pr = b.proj.forward(&attn_out, total);
+        x.iter_mut().zip(&pr).for_each(|(a, c)| *a += c);
+        let mut h = x.to_vec();
+        layer_norm(&mut h, &b.norm2.0, &b.norm2.1, VISION_LN_EPS);
+        let mut f = b.fc1.forward(&h, total);
+        f.iter_mut().for_each(|v| *v = gelu_tanh(*v));
+        let f2 = b.fc2.forward(&f, total);
+        x.iter_mut().zip(&f2).for_each(|(a, c)| *a += c);
+    }
+
+    /// Attention of the `len` patches from row `s0` (one frame) among themselves, rotary
+    /// applied to q and k → `[len, hidden]`.
+    fn frame_attention(
+        &self,
+        qkv: &[f32],
+        s0: usize,
+        len: usize,
+        cos: &[f32],
+        sin: &[f32],
+    ) -> Vec<f32> {
+        let d = self.cfg.hidden_size;
+        let hd = self.cfg.head_dim();
+        let nh = self.cfg.num_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut q = vec![0.0f32; len * d];
+        let mut k = vec![0.0f32; len * d];
+        let mut v = vec![0.0f32; len * d];
+        for t in 0..len {
+            let row = &qkv[(s0 + t) * 3 * d..(s0 + t + 1) * 3 * d];
+            q[t * d..(t + 1) * d].copy_from_slice(&row[..d]);
+            k[t * d..(t + 1) * d].copy_from_slice(&row[d..2 * d]);
+            v[t * d..(t + 1) * d].copy_from_slice(&row[2 * d..]);
+            let (c, s) = (
+                &cos[(s0 + t) * hd..(s0 + t + 1) * hd],
+                &sin[(s0 + t) * hd..(s0 + t + 1) * hd],
+            );
+            apply_rotary(&mut q[t * d..(t + 1) * d], hd, c, s);
+            apply_rotary(&mut k[t * d..(t + 1) * d], hd, c, s);
+        }
+        attention(&q, len, nh, &k, &v, len, nh, hd, scale, AttnMask::None)
+    }
+}
+
+/// `(row, col, grid height, grid width)` of one patch.
+type PatchPos = (usize, usize, usize, usize);
+
+/// Row/col of every patch in merge order, frame by frame.
+fn merge_order_positions(grids: &[ImageGrid], m: usize) -> Vec<PatchPos> {
+    let mut rc = Vec::with_capacity(grids.iter().map(|g| g.t * g.h * g.w).sum());
+    for g in grids {
+        for _ in 0..g.t {
+            for br in 0..g.h / m {
+                for bc in 0..g.w / m {
+                    for ir in 0..m {
+                        for ic in 0..m {
+                            rc.push((br * m + ir, bc * m + ic, g.h, g.w));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    rc
+}
+
+/// `(first patch, patches)` of every frame: the blocks of the block-diagonal attention.
+fn frame_spans(grids: &[ImageGrid]) -> Vec<(usize, usize)> {
+    let mut frames = Vec::new();
+    let mut start = 0;
+    for g in grids {
+        for _ in 0..g.t {
+            frames.push((start, g.h * g.w));
+            start += g.h * g.w;
+        }
+    }
+    frames
 }
 
 /// Where pixels go in the tower's input: patch side, merge-block side, frames per patch.

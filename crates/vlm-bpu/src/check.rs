@@ -110,7 +110,14 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
             return r;
         }
     };
-    let files = open::hbm_files(&cfg);
+    check_loaded(&mut r, &cfg, opts);
+    r.config = Some(cfg);
+    r
+}
+
+/// Everything after the manifest: implementation, lock, march, pool, then the graphs.
+fn check_loaded(r: &mut CheckReport, cfg: &ModelConfig, opts: &BpuOptions) {
+    let files = open::hbm_files(cfg);
     for f in &files {
         let len = std::fs::metadata(f).map_or(0, |m| m.len());
         r.files.push((f.clone(), len));
@@ -119,8 +126,7 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         Ok(i) => i,
         Err(e) => {
             r.error(&BpuError::Detect(e), &cfg.hbm);
-            r.config = Some(cfg);
-            return r;
+            return;
         }
     };
     r.implementation = Some(implementation);
@@ -129,12 +135,31 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         Ok(l) => l,
         Err(e) => {
             r.error(&e, &cfg.hbm);
-            r.config = Some(cfg);
-            return r;
+            return;
         }
     };
+    check_march_and_pool(r, cfg, &files, implementation, opts);
+    if !r.violations.is_empty() {
+        // A march or pool problem: loading would fail (or worse, on a board).
+        return;
+    }
+    let Some(runtime) = open_runtime(r, cfg, implementation, opts) else {
+        return;
+    };
+    let models = load_graphs(r, &runtime, &files);
+    check_graphs(r, cfg, &models);
+}
+
+/// The sim containers' march, and whether the `.hbm` loads fit the ION pool.
+fn check_march_and_pool(
+    r: &mut CheckReport,
+    cfg: &ModelConfig,
+    files: &[PathBuf],
+    implementation: Implementation,
+    opts: &BpuOptions,
+) {
     if implementation == Implementation::Sim {
-        if let Err(e) = open::check_sim_march(&files) {
+        if let Err(e) = open::check_sim_march(files) {
             r.error(&e, &cfg.hbm);
         }
     }
@@ -159,35 +184,45 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
         Err(e) => r.error(&e, &cfg.hbm),
     }
     r.pool = Some(reading);
-    if !r.violations.is_empty() {
-        // A march or pool problem: loading would fail (or worse, on a board).
-        r.config = Some(cfg);
-        return r;
-    }
-    let runtime = match implementation {
+}
+
+/// The simulator's or the board's runtime; `None` with a violation when it cannot be opened.
+fn open_runtime(
+    r: &mut CheckReport,
+    cfg: &ModelConfig,
+    implementation: Implementation,
+    opts: &BpuOptions,
+) -> Option<Runtime> {
+    match implementation {
         Implementation::Sim => match bpu_sim::table() {
-            Ok(t) => Runtime::new(t),
+            Ok(t) => Some(Runtime::new(t)),
             Err(e) => {
                 r.error(&BpuError::SimTable(e), &cfg.hbm);
-                r.config = Some(cfg);
-                return r;
+                None
             }
         },
         Implementation::Board => match Runtime::board(opts.lib_dir.as_deref()) {
-            Ok(rt) => rt,
+            Ok(rt) => Some(rt),
             Err(source) => {
                 let path = opts
                     .lib_dir
                     .clone()
                     .unwrap_or_else(|| PathBuf::from("board libraries"));
                 r.violation(&path, format!("libraries not found or unusable: {source}"));
-                r.config = Some(cfg);
-                return r;
+                None
             }
         },
-    };
+    }
+}
+
+/// Loads every `.hbm` and lists its graphs; a file or graph that fails is a violation.
+fn load_graphs(
+    r: &mut CheckReport,
+    runtime: &Runtime,
+    files: &[PathBuf],
+) -> Vec<(PathBuf, PackedModel)> {
     let mut models: Vec<(PathBuf, PackedModel)> = Vec::new();
-    for f in &files {
+    for f in files {
         match runtime.load(&[f]) {
             Ok(m) => {
                 for name in m.graph_names().to_vec() {
@@ -206,9 +241,7 @@ pub fn check_package(dir: &Path, opts: &BpuOptions) -> CheckReport {
             Err(source) => r.error(&load_error(f, source), f),
         }
     }
-    check_graphs(&mut r, &cfg, &models);
-    r.config = Some(cfg);
-    r
+    models
 }
 
 fn find<'a>(models: &'a [(PathBuf, PackedModel)], file: &Path) -> Option<&'a PackedModel> {

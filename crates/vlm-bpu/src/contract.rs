@@ -142,6 +142,17 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<PrefillF
     if let Some(s) = ins.iter().chain(outs).find(|s| s.rank() == 0) {
         return Err(format!("scalar tensor {}", dims(s)));
     }
+    let n = prefill_rows(ins, d)?;
+    let mut warnings = Vec::new();
+    for c in 0..d.n_cache {
+        warnings.extend(check_prefill_cache(p, dec, c)?);
+    }
+    check_prefill_logits(&outs[0], &dec.outputs()[0], d)?;
+    Ok(PrefillFit { rows: n, warnings })
+}
+
+/// Rows `N` of a prefill chunk, from input 0 `[N, H]`; cos, sin and mask must agree with it.
+fn prefill_rows(ins: &[TensorSpec], d: &DecodeShape) -> Result<usize, String> {
     let x = &ins[0];
     if x.rank() < 2 || x.last_dim() != d.hidden {
         return Err(format!("input 0 {} is not [N, {}]", dims(x), d.hidden));
@@ -169,68 +180,79 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<PrefillF
             d.context
         ));
     }
+    Ok(n)
+}
+
+/// Cache `c` of the prefill graph against decode's: the same rows in, an output that fits
+/// the shared buffer. Returns the warnings (already logged).
+fn check_prefill_cache(p: &Graph, dec: &Graph, c: usize) -> Result<Vec<String>, String> {
+    let (pi, di) = (&p.inputs()[FIXED_IN + c], &dec.inputs()[FIXED_IN + c]);
+    // The decode graph's cache buffers are shared: the same rows in, outputs that fit.
+    if extent(pi) != extent(di) {
+        return Err(format!(
+            "cache {c}: {:?} strides {:?} spans {} bytes (stride[0] × dim[0]), decode's \
+             {:?} strides {:?} spans {} bytes",
+            pi.shape,
+            pi.strides,
+            extent(pi),
+            di.shape,
+            di.strides,
+            extent(di)
+        ));
+    }
+    if pi.strides != di.strides {
+        tracing::warn!(
+            graph = p.name(),
+            cache = c,
+            "cache input {} strides {:?} differ from the decode graph's {:?} (same size)",
+            FIXED_IN + c,
+            pi.strides,
+            di.strides
+        );
+    }
+    let po = &p.outputs()[1 + c];
+    if extent(po) > extent(di) {
+        return Err(format!(
+            "cache {c}: output {} {:?} strides {:?} spans {} bytes, more than the {} bytes \
+             of decode's input {} {:?} strides {:?}",
+            1 + c,
+            po.shape,
+            po.strides,
+            extent(po),
+            extent(di),
+            FIXED_IN + c,
+            di.shape,
+            di.strides
+        ));
+    }
+    // BLLM never compares alignedByteSize; the cache buffers are allocated for the
+    // largest one reported (`cache_buffer_bytes`), so a difference only costs memory.
     let mut warnings = Vec::new();
-    for c in 0..d.n_cache {
-        let (pi, di) = (&ins[FIXED_IN + c], &dec.inputs()[FIXED_IN + c]);
-        // The decode graph's cache buffers are shared: the same rows in, outputs that fit.
-        if extent(pi) != extent(di) {
-            return Err(format!(
-                "cache {c}: {:?} strides {:?} spans {} bytes (stride[0] × dim[0]), decode's \
-                 {:?} strides {:?} spans {} bytes",
-                pi.shape,
-                pi.strides,
-                extent(pi),
-                di.shape,
-                di.strides,
-                extent(di)
-            ));
-        }
-        if pi.strides != di.strides {
-            tracing::warn!(
-                graph = p.name(),
-                cache = c,
-                "cache input {} strides {:?} differ from the decode graph's {:?} (same size)",
-                FIXED_IN + c,
-                pi.strides,
-                di.strides
-            );
-        }
-        let po = &outs[1 + c];
-        if extent(po) > extent(di) {
-            return Err(format!(
-                "cache {c}: output {} {:?} strides {:?} spans {} bytes, more than the {} bytes \
-                 of decode's input {} {:?} strides {:?}",
-                1 + c,
-                po.shape,
-                po.strides,
-                extent(po),
+    for (side, t) in [("input", pi), ("output", po)] {
+        if t.aligned_byte_size != di.aligned_byte_size {
+            let w = format!(
+                "graph `{}` cache {c} {side}: alignedByteSize {} differs from the decode \
+                 graph's {} (same stride[0] × dim[0], {} bytes); the cache buffers are \
+                 allocated with {} bytes",
+                p.name(),
+                t.reported_aligned_byte_size,
+                di.reported_aligned_byte_size,
                 extent(di),
-                FIXED_IN + c,
-                di.shape,
-                di.strides
-            ));
-        }
-        // BLLM never compares alignedByteSize; the cache buffers are allocated for the
-        // largest one reported (`cache_buffer_bytes`), so a difference only costs memory.
-        for (side, t) in [("input", pi), ("output", po)] {
-            if t.aligned_byte_size != di.aligned_byte_size {
-                let w = format!(
-                    "graph `{}` cache {c} {side}: alignedByteSize {} differs from the decode \
-                     graph's {} (same stride[0] × dim[0], {} bytes); the cache buffers are \
-                     allocated with {} bytes",
-                    p.name(),
-                    t.reported_aligned_byte_size,
-                    di.reported_aligned_byte_size,
-                    extent(di),
-                    t.byte_size.max(di.byte_size)
-                );
-                tracing::warn!("{w}");
-                warnings.push(w);
-            }
+                t.byte_size.max(di.byte_size)
+            );
+            tracing::warn!("{w}");
+            warnings.push(w);
         }
     }
-    let out = &outs[0];
-    let dout = &dec.outputs()[0];
+    Ok(warnings)
+}
+
+/// Prefill logits (output 0) against decode's: same type and vocab, rows that fit.
+fn check_prefill_logits(
+    out: &TensorSpec,
+    dout: &TensorSpec,
+    d: &DecodeShape,
+) -> Result<(), String> {
     // bllm copies `row_stride` bytes into the decode buffer; we copy only the row's values,
     // so an all-rows graph with a padded pitch (wider than the decode buffer) still fits.
     let row_bytes = d.vocab * out.dtype.size().unwrap_or(4);
@@ -247,7 +269,7 @@ pub fn check_prefill(p: &Graph, dec: &Graph, d: &DecodeShape) -> Result<PrefillF
             dims(dout)
         ));
     }
-    Ok(PrefillFit { rows: n, warnings })
+    Ok(())
 }
 
 /// Bytes each cache buffer is allocated with: decode's cache input, and (when the prefill

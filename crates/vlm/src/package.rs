@@ -1,16 +1,20 @@
-//! The BLLM package manifest (`model.json`) with the contract's keys, types and defaults.
+//! The BLLM package manifest (`model.json`) with the contract's keys, types and defaults
+//! (docs/package-contract.md §1.2, §1.4).
 //!
-//! Every known key is read with its own default, so unknown keys (newer bllm versions) are
-//! ignored, while a known key of the wrong type is an error naming the file and the key —
-//! the C++ loader would throw a JSON type error there, and silently taking a default for,
-//! say, a string `"cache_len"` would hide a broken package.
+//! The file is read into [`bllm_manifest::Manifest`], the type the sim-package writer writes,
+//! then resolved here: defaults, paths against the package folder, value checks. Every known
+//! key has its own default, so unknown keys (newer bllm versions) are ignored, while a known
+//! key of the wrong type is an error naming the file and the key — the C++ loader would throw
+//! a JSON type error there, and silently taking a default for, say, a string `"cache_len"`
+//! would hide a broken package. Type errors come before value errors.
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{Map, Value};
+use bllm_manifest::{Chat, Manifest, ManifestError, Vision};
+use serde_json::Value;
 
 /// File name of the manifest inside a package folder.
-pub const MANIFEST: &str = "model.json";
+pub const MANIFEST: &str = bllm_manifest::FILE_NAME;
 
 /// CLIP normalisation constants, the contract's default for `vision.mean` / `vision.std`.
 pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
@@ -186,145 +190,48 @@ impl ModelConfig {
             path: manifest.to_path_buf(),
             source,
         })?;
-        let Value::Object(root) = value else {
-            return Err(PackageError::NotAnObject {
-                path: manifest.to_path_buf(),
-            });
-        };
-        let r = Reader {
+        let r = Resolver {
             file: manifest,
             dir,
         };
-        let empty = Map::new();
-
-        let name = r.string(&root, "", "name")?.unwrap_or_default();
-        let backend = r
-            .string(&root, "", "backend")?
-            .unwrap_or_else(|| "auto".into());
-        if backend == "libxlm" {
-            return Err(r.bad(
-                "backend",
-                "\"libxlm\" packages need D-Robotics' LLM SDK, which this runtime does not use",
-            ));
-        }
-        let arch = r
-            .string(&root, "", "arch")?
-            .unwrap_or_else(|| "dense".into());
-        if arch != "hybrid" {
-            return Err(r.bad(
-                "arch",
-                format!(
-                    "\"{arch}\" is not supported; this runtime runs Qwen3.5 \"hybrid\" packages"
-                ),
-            ));
-        }
-        let graph = r
-            .string(&root, "", "graph")?
+        let m = Manifest::from_value(value).map_err(|e| r.manifest_error(e))?;
+        let (backend, arch) = r.engine(&m)?;
+        let graph = m
+            .graph
             .filter(|g| !g.is_empty())
             .unwrap_or_else(|| "qwen35".into());
-        let hbm = r.path(&root, "hbm")?.ok_or(PackageError::MissingKey {
-            path: manifest.to_path_buf(),
-            key: "hbm",
-        })?;
-        let hbm_prefill = r.path(&root, "hbm_prefill")?;
+        let hbm = r.path(m.hbm).ok_or_else(|| r.missing("hbm"))?;
+        let hbm_prefill = r.path(m.hbm_prefill);
         let tokenizer = r
-            .path(&root, "tokenizer")?
+            .path(m.tokenizer)
             .unwrap_or_else(|| dir.join("tokenizer.json"));
-        let embed = r.path(&root, "embed")?;
-        if embed.is_none() {
-            return Err(PackageError::MissingKey {
-                path: manifest.to_path_buf(),
-                key: "embed",
-            });
-        }
-        let visual = r.path(&root, "visual")?;
-        let eos = r.u32_list(&root, "", "eos")?.unwrap_or_default();
-        let cache_len = r.u32(&root, "", "cache_len")?.unwrap_or(0);
-        let bpu_cores = r.u32(&root, "", "bpu_cores")?.unwrap_or(1);
+        let embed = Some(r.path(m.embed).ok_or_else(|| r.missing("embed"))?);
+        let bpu_cores = m.bpu_cores.unwrap_or(1);
         if bpu_cores == 0 {
             return Err(r.bad("bpu_cores", "must be at least 1"));
         }
-        let rope_theta = r.f64(&root, "", "rope_theta")?.unwrap_or(1e7);
+        let rope_theta = m.rope_theta.unwrap_or(1e7);
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
             return Err(r.bad("rope_theta", "must be a positive number"));
         }
-        let mrope_section = r.u32_list(&root, "", "mrope_section")?.unwrap_or_default();
+        let mrope_section = m.mrope_section.unwrap_or_default();
         if !mrope_section.is_empty() && mrope_section.len() != 3 {
             return Err(r.bad("mrope_section", "must have exactly 3 entries (t, h, w)"));
         }
-        let mrope_interleaved = r.bool(&root, "", "mrope_interleaved")?.unwrap_or(false);
-
-        let vis = r.object(&root, "vision")?.unwrap_or(&empty);
-        let vision = VisionConfig {
-            patch: r.u32(vis, "vision.", "patch")?.unwrap_or(14),
-            merge: r.u32(vis, "vision.", "merge")?.unwrap_or(2),
-            temporal: r.u32(vis, "vision.", "temporal")?.unwrap_or(2),
-            mean: r.triple(vis, "vision.", "mean")?.unwrap_or(CLIP_MEAN),
-            std: r.triple(vis, "vision.", "std")?.unwrap_or(CLIP_STD),
-        };
-        for (key, v) in [
-            ("vision.patch", vision.patch),
-            ("vision.merge", vision.merge),
-            ("vision.temporal", vision.temporal),
-        ] {
-            if v == 0 {
-                return Err(r.bad(key, "must be at least 1"));
-            }
-        }
-        if vision.std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
-            return Err(r.bad("vision.std", "entries must be finite and non-zero"));
-        }
-
-        let ch = r.object(&root, "chat")?.unwrap_or(&empty);
-        let format = match r.string(ch, "chat.", "format")?.as_deref() {
-            None | Some("chatml") => ChatFormat::ChatMl,
-            Some("phi") => ChatFormat::Phi,
-            Some("none") => ChatFormat::None,
-            Some(other) => {
-                return Err(r.bad(
-                    "chat.format",
-                    format!("unknown format \"{other}\" (chatml, phi, none)"),
-                ))
-            }
-        };
-        let chat = ChatConfig {
-            format,
-            im_start: r.marker(ch, "im_start")?,
-            im_end: r.marker(ch, "im_end")?,
-            bos: r.marker(ch, "bos")?,
-            system: r
-                .string(ch, "chat.", "system")?
-                .unwrap_or_else(|| "You are a helpful assistant.".into()),
-        };
-
-        let prefill_pads = r.bool(&root, "", "prefill_pads")?.unwrap_or(false);
-        let prefill_min_tail = r.u32(&root, "", "prefill_min_tail")?;
-        let dialect = match r.string(&root, "", "dialect")?.as_deref() {
-            None | Some("") | Some("chatml") => Dialect::ChatMl,
-            Some("qwen3.5") => Dialect::Qwen35,
-            Some(other) => {
-                tracing::warn!(
-                    manifest = %manifest.display(),
-                    dialect = other,
-                    "unknown dialect; rendering plain ChatML"
-                );
-                Dialect::Other(other.to_string())
-            }
-        };
-        let image_token_id = r.u32(&root, "", "image_token_id")?;
-
-        let visual = if opts.vision { visual } else { None };
+        let vision = r.vision(m.vision.unwrap_or_default())?;
+        let chat = r.chat(m.chat.unwrap_or_default())?;
+        let dialect = r.dialect(m.dialect);
+        let visual = if opts.vision { r.path(m.visual) } else { None };
         if visual.is_some() && mrope_section.is_empty() {
             return Err(r.bad(
                 "mrope_section",
                 "required when `visual` is present (plain rope would collapse the whole patch grid onto one position)",
             ));
         }
-
         Ok(Self {
             manifest: manifest.to_path_buf(),
             dir: dir.to_path_buf(),
-            name,
+            name: m.name.unwrap_or_default(),
             backend,
             arch,
             graph,
@@ -333,18 +240,18 @@ impl ModelConfig {
             tokenizer,
             embed,
             visual,
-            eos,
-            cache_len,
+            eos: m.eos.unwrap_or_default(),
+            cache_len: m.cache_len.unwrap_or(0),
             bpu_cores,
             rope_theta,
             mrope_section,
-            mrope_interleaved,
+            mrope_interleaved: m.mrope_interleaved.unwrap_or(false),
             vision,
             chat,
-            prefill_pads,
-            prefill_min_tail,
+            prefill_pads: m.prefill_pads.unwrap_or(false),
+            prefill_min_tail: m.prefill_min_tail,
             dialect,
-            image_token_id,
+            image_token_id: m.image_token_id,
         })
     }
 
@@ -397,31 +304,39 @@ impl ModelConfig {
     }
 }
 
-/// Typed access to manifest keys: `Ok(None)` when absent, an error naming file and key when
-/// present with the wrong type.
-struct Reader<'a> {
+/// Resolves a [`Manifest`]: defaults, paths against the package folder, value checks, and
+/// errors naming the file.
+struct Resolver<'a> {
     file: &'a Path,
     dir: &'a Path,
 }
 
-fn kind(v: &Value) -> String {
-    match v {
-        Value::Null => "null".into(),
-        Value::Bool(b) => format!("boolean {b}"),
-        Value::Number(n) => format!("number {n}"),
-        Value::String(s) => format!("string {s:?}"),
-        Value::Array(_) => "an array".into(),
-        Value::Object(_) => "an object".into(),
-    }
-}
-
-impl Reader<'_> {
-    fn wrong(&self, key: String, expected: &'static str, v: &Value) -> PackageError {
-        PackageError::WrongType {
-            path: self.file.to_path_buf(),
-            key,
-            expected,
-            found: kind(v),
+impl Resolver<'_> {
+    fn manifest_error(&self, e: ManifestError) -> PackageError {
+        let path = self.file.to_path_buf();
+        match e {
+            ManifestError::NotAnObject => PackageError::NotAnObject { path },
+            ManifestError::WrongType {
+                key,
+                expected,
+                found,
+            } => PackageError::WrongType {
+                path,
+                key,
+                expected,
+                found,
+            },
+            ManifestError::OutOfRange { key, value } => PackageError::BadValue {
+                path,
+                key,
+                reason: format!("{value} is out of range (0..=4294967295)"),
+            },
+            ManifestError::Length { key, found } => PackageError::BadValue {
+                path,
+                key,
+                reason: format!("must have exactly 3 entries, found {found}"),
+            },
+            ManifestError::Decode(source) => PackageError::Json { path, source },
         }
     }
 
@@ -433,166 +348,116 @@ impl Reader<'_> {
         }
     }
 
-    fn string(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<String>, PackageError> {
-        match m.get(key) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(v) => Err(self.wrong(format!("{prefix}{key}"), "a string", v)),
+    fn missing(&self, key: &'static str) -> PackageError {
+        PackageError::MissingKey {
+            path: self.file.to_path_buf(),
+            key,
         }
     }
 
-    fn path(&self, m: &Map<String, Value>, key: &str) -> Result<Option<PathBuf>, PackageError> {
-        Ok(self.string(m, "", key)?.filter(|s| !s.is_empty()).map(|s| {
+    /// A declared path, resolved against the package folder; an empty string is no path.
+    fn path(&self, p: Option<String>) -> Option<PathBuf> {
+        p.filter(|s| !s.is_empty()).map(|s| {
             let p = PathBuf::from(s);
             if p.is_absolute() {
                 p
             } else {
                 self.dir.join(p)
             }
-        }))
-    }
-
-    fn bool(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<bool>, PackageError> {
-        match m.get(key) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.wrong(format!("{prefix}{key}"), "a boolean", v)),
-        }
-    }
-
-    fn int(&self, v: &Value, key: String) -> Result<i64, PackageError> {
-        v.as_i64()
-            .filter(|_| v.is_i64() || v.is_u64())
-            .ok_or_else(|| self.wrong(key, "an integer", v))
-    }
-
-    fn u32_value(&self, v: &Value, key: String) -> Result<u32, PackageError> {
-        let i = self.int(v, key.clone())?;
-        u32::try_from(i).map_err(|_| PackageError::BadValue {
-            path: self.file.to_path_buf(),
-            key,
-            reason: format!("{i} is out of range (0..=4294967295)"),
         })
     }
 
-    fn u32(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<u32>, PackageError> {
-        m.get(key)
-            .map(|v| self.u32_value(v, format!("{prefix}{key}")))
-            .transpose()
+    /// `(backend, arch)`: this runtime runs `hybrid` packages, and not through libxlm.
+    fn engine(&self, m: &Manifest) -> Result<(String, String), PackageError> {
+        let backend = m.backend.clone().unwrap_or_else(|| "auto".into());
+        if backend == "libxlm" {
+            return Err(self.bad(
+                "backend",
+                "\"libxlm\" packages need D-Robotics' LLM SDK, which this runtime does not use",
+            ));
+        }
+        let arch = m.arch.clone().unwrap_or_else(|| "dense".into());
+        if arch != "hybrid" {
+            return Err(self.bad(
+                "arch",
+                format!(
+                    "\"{arch}\" is not supported; this runtime runs Qwen3.5 \"hybrid\" packages"
+                ),
+            ));
+        }
+        Ok((backend, arch))
     }
 
-    /// `chat.<key>` marker id: an integer, `-1` (or any negative) meaning "none".
-    fn marker(&self, m: &Map<String, Value>, key: &str) -> Result<Option<u32>, PackageError> {
-        let Some(v) = m.get(key) else {
-            return Ok(None);
+    fn vision(&self, v: Vision) -> Result<VisionConfig, PackageError> {
+        let f32s = |t: [f64; 3]| t.map(|x| x as f32);
+        let vision = VisionConfig {
+            patch: v.patch.unwrap_or(14),
+            merge: v.merge.unwrap_or(2),
+            temporal: v.temporal.unwrap_or(2),
+            mean: v.mean.map_or(CLIP_MEAN, f32s),
+            std: v.std.map_or(CLIP_STD, f32s),
         };
-        let full = format!("chat.{key}");
-        let i = self.int(v, full.clone())?;
-        if i < 0 {
-            return Ok(None);
-        }
-        u32::try_from(i)
-            .map(Some)
-            .map_err(|_| PackageError::BadValue {
-                path: self.file.to_path_buf(),
-                key: full,
-                reason: format!("{i} is out of range"),
-            })
-    }
-
-    fn f64(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<f64>, PackageError> {
-        match m.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| self.wrong(format!("{prefix}{key}"), "a number", v)),
-        }
-    }
-
-    fn u32_list(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<Vec<u32>>, PackageError> {
-        let full = format!("{prefix}{key}");
-        match m.get(key) {
-            None => Ok(None),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    if v.is_i64() || v.is_u64() {
-                        self.u32_value(v, full.clone())
-                    } else {
-                        Err(self.wrong(full.clone(), "an array of integers", v))
-                    }
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            Some(v) => Err(self.wrong(full, "an array of integers", v)),
-        }
-    }
-
-    fn triple(
-        &self,
-        m: &Map<String, Value>,
-        prefix: &str,
-        key: &str,
-    ) -> Result<Option<[f32; 3]>, PackageError> {
-        let full = format!("{prefix}{key}");
-        match m.get(key) {
-            None => Ok(None),
-            Some(Value::Array(items)) => {
-                if items.len() != 3 {
-                    return Err(PackageError::BadValue {
-                        path: self.file.to_path_buf(),
-                        key: full,
-                        reason: format!("must have exactly 3 entries, found {}", items.len()),
-                    });
-                }
-                let mut out = [0f32; 3];
-                for (o, v) in out.iter_mut().zip(items) {
-                    *o = v
-                        .as_f64()
-                        .ok_or_else(|| self.wrong(full.clone(), "an array of 3 numbers", v))?
-                        as f32;
-                }
-                Ok(Some(out))
+        for (key, v) in [
+            ("vision.patch", vision.patch),
+            ("vision.merge", vision.merge),
+            ("vision.temporal", vision.temporal),
+        ] {
+            if v == 0 {
+                return Err(self.bad(key, "must be at least 1"));
             }
-            Some(v) => Err(self.wrong(full, "an array of 3 numbers", v)),
+        }
+        if vision.std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
+            return Err(self.bad("vision.std", "entries must be finite and non-zero"));
+        }
+        Ok(vision)
+    }
+
+    fn chat(&self, c: Chat) -> Result<ChatConfig, PackageError> {
+        let format = match c.format.as_deref() {
+            None | Some("chatml") => ChatFormat::ChatMl,
+            Some("phi") => ChatFormat::Phi,
+            Some("none") => ChatFormat::None,
+            Some(other) => {
+                return Err(self.bad(
+                    "chat.format",
+                    format!("unknown format \"{other}\" (chatml, phi, none)"),
+                ))
+            }
+        };
+        Ok(ChatConfig {
+            format,
+            im_start: self.marker("im_start", c.im_start)?,
+            im_end: self.marker("im_end", c.im_end)?,
+            bos: self.marker("bos", c.bos)?,
+            system: c
+                .system
+                .unwrap_or_else(|| "You are a helpful assistant.".into()),
+        })
+    }
+
+    /// `chat.<key>` marker id: `-1` (or any negative) means "none".
+    fn marker(&self, key: &str, id: Option<i64>) -> Result<Option<u32>, PackageError> {
+        match id {
+            None => Ok(None),
+            Some(i) if i < 0 => Ok(None),
+            Some(i) => u32::try_from(i)
+                .map(Some)
+                .map_err(|_| self.bad(&format!("chat.{key}"), format!("{i} is out of range"))),
         }
     }
 
-    fn object<'m>(
-        &self,
-        m: &'m Map<String, Value>,
-        key: &str,
-    ) -> Result<Option<&'m Map<String, Value>>, PackageError> {
-        match m.get(key) {
-            None => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(o)),
-            Some(v) => Err(self.wrong(key.to_string(), "an object", v)),
+    fn dialect(&self, d: Option<String>) -> Dialect {
+        match d.as_deref() {
+            None | Some("") | Some("chatml") => Dialect::ChatMl,
+            Some("qwen3.5") => Dialect::Qwen35,
+            Some(other) => {
+                tracing::warn!(
+                    manifest = %self.file.display(),
+                    dialect = other,
+                    "unknown dialect; rendering plain ChatML"
+                );
+                Dialect::Other(other.to_string())
+            }
         }
     }
 }
@@ -740,6 +605,110 @@ mod tests {
             parse(r#"{"arch":"dense","hbm":"m","embed":"e"}"#),
             Err(PackageError::BadValue { .. })
         ));
+    }
+
+    /// What the sim-package writer builds (`bpu_sim::make_sim_package`), through JSON, reads
+    /// back with the same meaning.
+    #[test]
+    fn a_written_manifest_reads_back() {
+        let written = Manifest {
+            name: Some("tiny".into()),
+            arch: Some("hybrid".into()),
+            backend: Some("native".into()),
+            graph: Some("qwen35".into()),
+            hbm: Some("model.hbm".into()),
+            hbm_prefill: Some("model_prefill.hbm".into()),
+            embed: Some("embed_tokens.bin".into()),
+            tokenizer: Some("tokenizer.json".into()),
+            eos: Some(vec![248046, 248044]),
+            chat: Some(Chat {
+                format: Some("chatml".into()),
+                im_start: Some(248045),
+                im_end: Some(-1),
+                bos: None,
+                system: Some("Be brief.".into()),
+            }),
+            rope_theta: Some(1e7),
+            cache_len: Some(512),
+            prefill_pads: Some(true),
+            prefill_min_tail: Some(32),
+            dialect: Some("qwen3.5".into()),
+            image_token_id: Some(248056),
+            visual: Some("visual.hbm".into()),
+            mrope_section: Some(vec![11, 11, 10]),
+            mrope_interleaved: Some(true),
+            vision: Some(Vision {
+                patch: Some(16),
+                merge: Some(2),
+                mean: Some([0.5; 3]),
+                std: Some([0.5; 3]),
+                ..Vision::default()
+            }),
+            bpu_cores: None,
+        };
+        let c = parse(&written.to_json_pretty().unwrap()).unwrap();
+        assert_eq!(c.name, "tiny");
+        assert_eq!(c.backend, "native");
+        assert_eq!(c.graph, "qwen35");
+        assert_eq!(c.hbm, PathBuf::from("/pkg/model.hbm"));
+        assert_eq!(c.hbm_prefill, Some(PathBuf::from("/pkg/model_prefill.hbm")));
+        assert_eq!(c.embed, Some(PathBuf::from("/pkg/embed_tokens.bin")));
+        assert_eq!(c.tokenizer, PathBuf::from("/pkg/tokenizer.json"));
+        assert_eq!(c.visual, Some(PathBuf::from("/pkg/visual.hbm")));
+        assert_eq!(c.eos, vec![248046, 248044]);
+        assert_eq!(c.chat.format, ChatFormat::ChatMl);
+        assert_eq!(
+            (c.chat.im_start, c.chat.im_end, c.chat.bos),
+            (Some(248045), None, None)
+        );
+        assert_eq!(c.chat.system, "Be brief.");
+        assert_eq!(c.rope_theta, 1e7);
+        assert_eq!(c.cache_len, 512);
+        assert_eq!(c.bpu_cores, 1);
+        assert!(c.prefill_pads);
+        assert_eq!(c.prefill_min_tail, Some(32));
+        assert_eq!(c.dialect, Dialect::Qwen35);
+        assert_eq!(c.image_token_id, Some(248056));
+        assert_eq!(c.mrope_section, vec![11, 11, 10]);
+        assert!(c.mrope_interleaved);
+        assert_eq!(
+            c.vision,
+            VisionConfig {
+                patch: 16,
+                merge: 2,
+                temporal: 2,
+                mean: [0.5; 3],
+                std: [0.5; 3],
+            }
+        );
+    }
+
+    #[test]
+    fn out_of_range_integers_and_null_keys_keep_their_errors() {
+        match parse(&with(r#""eos":[1,-2]"#)).unwrap_err() {
+            PackageError::BadValue { key, reason, .. } => {
+                assert_eq!(key, "eos");
+                assert_eq!(reason, "-2 is out of range (0..=4294967295)");
+            }
+            other => panic!("{other}"),
+        }
+        match parse(&with(r#""chat":{"bos":4294967296}"#)).unwrap_err() {
+            PackageError::BadValue { key, reason, .. } => {
+                assert_eq!(key, "chat.bos");
+                assert_eq!(reason, "4294967296 is out of range");
+            }
+            other => panic!("{other}"),
+        }
+        let err = parse(&with(r#""name":null"#)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/pkg/model.json: key `name` must be a string, found null"
+        );
+        let err = parse(&with(r#""vision":{"std":[1,2]}"#)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/pkg/model.json: key `vision.std`: must have exactly 3 entries, found 2"
+        );
     }
 
     #[test]

@@ -360,27 +360,7 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         seed: Some(7),
         ..SamplingParams::qwen35_non_thinking()
     };
-    let mut rows = Vec::new();
-    for (name, params) in [
-        ("greedy", SamplingParams::default()),
-        ("non_thinking", seeded),
-    ] {
-        let mut host = Vec::new();
-        let mut graph = Vec::new();
-        // One warm-up run (page cache, allocator), then the measured repeats.
-        overhead_run(&mut s, &params, args.steps.min(8))?;
-        for _ in 0..args.repeats.max(1) {
-            let (h, g) = overhead_run(&mut s, &params, args.steps)?;
-            host.push(h);
-            graph.push(g);
-        }
-        rows.push(json!({
-            "sampling": name,
-            "host_ms_per_token": median(&host),
-            "graph_call_ms_per_token": median(&graph),
-            "runs_host_ms": host,
-        }));
-    }
+    let rows = sampling_overheads(args, &mut s, seeded)?;
     let structured = match &args.json_schema {
         Some(file) => Some(steps::schema_overhead(
             &mut s,
@@ -411,17 +391,61 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         writeln!(out)?;
         return Ok(());
     }
+    write_overhead_text(&mut out, args, &r)?;
+    if let Some(j) = &structured {
+        write_schema_overhead(&mut out, args, j)?;
+    }
+    Ok(())
+}
+
+/// Host time per token of greedy and of seeded non-thinking sampling: one row each.
+fn sampling_overheads(
+    args: &BenchArgs,
+    s: &mut Setup,
+    seeded: SamplingParams,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut rows = Vec::new();
+    for (name, params) in [
+        ("greedy", SamplingParams::default()),
+        ("non_thinking", seeded),
+    ] {
+        let mut host = Vec::new();
+        let mut graph = Vec::new();
+        // One warm-up run (page cache, allocator), then the measured repeats.
+        overhead_run(s, &params, args.steps.min(8))?;
+        for _ in 0..args.repeats.max(1) {
+            let (h, g) = overhead_run(s, &params, args.steps)?;
+            host.push(h);
+            graph.push(g);
+        }
+        rows.push(json!({
+            "sampling": name,
+            "host_ms_per_token": median(&host),
+            "graph_call_ms_per_token": median(&graph),
+            "runs_host_ms": host,
+        }));
+    }
+    Ok(rows)
+}
+
+/// The text form of `--host-overhead`'s result `r` (without the JSON schema part).
+fn write_overhead_text(
+    out: &mut impl Write,
+    args: &BenchArgs,
+    r: &serde_json::Value,
+) -> anyhow::Result<()> {
     writeln!(
         out,
         "host overhead per decode step, {} (vocab {}, hidden {}, window {}), {} steps, median of {}",
         args.package.display(),
-        info.vocab,
-        info.hidden,
-        info.context,
+        r["vocab"],
+        r["hidden"],
+        r["context"],
         args.steps,
         args.repeats.max(1)
     )?;
-    for row in &rows {
+    let state = &r["state_copy"];
+    for row in r["results"].as_array().into_iter().flatten() {
         writeln!(
             out,
             "  {:<13} host {:.4} ms/token   (simulator graph call {:.4} ms/token, excluded)",
@@ -439,32 +463,39 @@ fn host_overhead(args: &BenchArgs) -> anyhow::Result<()> {
         state["snapshot_reusing_ms"].as_f64().unwrap_or(f64::NAN),
         state["restore_ms"].as_f64().unwrap_or(f64::NAN)
     )?;
-    if let Some(j) = &structured {
+    Ok(())
+}
+
+/// The text form of `--json-schema`'s per-step cost `j`.
+fn write_schema_overhead(
+    out: &mut impl Write,
+    args: &BenchArgs,
+    j: &serde_json::Value,
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "per decode step with JSON schema {} ({} bytes; token table {:.0} ms, compile {:.1} ms), median / p95 ms",
+        args.json_schema.as_deref().unwrap_or(Path::new("")).display(),
+        j["bytes"],
+        j["token_table_ms"].as_f64().unwrap_or(f64::NAN),
+        j["compile_ms"].as_f64().unwrap_or(f64::NAN)
+    )?;
+    let f = |v: &serde_json::Value| {
+        format!(
+            "{:.4} / {:.4}",
+            v["median"].as_f64().unwrap_or(f64::NAN),
+            v["p95"].as_f64().unwrap_or(f64::NAN)
+        )
+    };
+    for row in j["results"].as_array().into_iter().flatten() {
         writeln!(
             out,
-            "per decode step with JSON schema {} ({} bytes; token table {:.0} ms, compile {:.1} ms), median / p95 ms",
-            args.json_schema.as_deref().unwrap_or(Path::new("")).display(),
-            j["bytes"],
-            j["token_table_ms"].as_f64().unwrap_or(f64::NAN),
-            j["compile_ms"].as_f64().unwrap_or(f64::NAN)
+            "  {:<13} free text {}   schema {}   (constraint alone {})",
+            row["sampling"].as_str().unwrap_or(""),
+            f(&row["free_text_host_ms_per_step"]),
+            f(&row["json_schema_host_ms_per_step"]),
+            f(&row["json_schema_constraint_ms_per_step"])
         )?;
-        let f = |v: &serde_json::Value| {
-            format!(
-                "{:.4} / {:.4}",
-                v["median"].as_f64().unwrap_or(f64::NAN),
-                v["p95"].as_f64().unwrap_or(f64::NAN)
-            )
-        };
-        for row in j["results"].as_array().into_iter().flatten() {
-            writeln!(
-                out,
-                "  {:<13} free text {}   schema {}   (constraint alone {})",
-                row["sampling"].as_str().unwrap_or(""),
-                f(&row["free_text_host_ms_per_step"]),
-                f(&row["json_schema_host_ms_per_step"]),
-                f(&row["json_schema_constraint_ms_per_step"])
-            )?;
-        }
     }
     Ok(())
 }

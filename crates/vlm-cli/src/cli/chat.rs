@@ -212,19 +212,7 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
     opts.bpu.priority = args.priority;
     args.bpu.apply(&mut opts.bpu);
     args.run.apply(&mut opts.bpu);
-    let tools = match &args.tools {
-        Some(p) => {
-            let text = std::fs::read_to_string(p)
-                .with_context(|| format!("reading tools {}", p.display()))?;
-            match serde_json::from_str(&text)
-                .with_context(|| format!("parsing tools {}", p.display()))?
-            {
-                serde_json::Value::Array(a) => a,
-                _ => bail!("{}: the tool list must be a JSON array", p.display()),
-            }
-        }
-        None => Vec::new(),
-    };
+    let tools = read_tools(args)?;
     if args.json_schema.is_some() && !tools.is_empty() {
         bail!("--json-schema cannot be combined with --tools (tool calls are XML, not JSON)");
     }
@@ -255,7 +243,6 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let mut conversation: Option<Conversation> = None;
-    let stdout = std::io::stdout();
     let turn_of = |text: String, images: Vec<ImageInput>| {
         let mut t = Turn::new(text, args.max_new_tokens);
         t.images = images;
@@ -269,46 +256,9 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         t.keep = args.prompt.is_none();
         t
     };
-    let answer = |assistant: &mut Assistant,
-                  conversation: &mut Option<Conversation>,
-                  turn: Turn|
-     -> anyhow::Result<()> {
-        let mut out = stdout.lock();
-        let json = args.json;
-        let mut in_reasoning = false;
-        let mut on_event = |e: Event| {
-            if json {
-                return;
-            }
-            if let Event::Text { text, reasoning } = e {
-                if reasoning != in_reasoning {
-                    let _ = write!(out, "{}", if reasoning { "<think>" } else { "</think>\n" });
-                    in_reasoning = reasoning;
-                }
-                let _ = write!(out, "{text}");
-                let _ = out.flush();
-            }
-        };
-        let reply = assistant.ask(conversation.as_ref(), &turn, &mut on_event)?;
-        if in_reasoning {
-            write!(out, "</think>")?;
-        }
-        print_reply(&reply, json, &mut out)?;
-        let incomplete = reply.is_incomplete();
-        if let Some(c) = reply.conversation {
-            *conversation = Some(c);
-        }
-        if incomplete {
-            bail!(
-                "incomplete: --max-new-tokens {} ended the answer before its JSON value",
-                turn.max_new_tokens
-            );
-        }
-        Ok(())
-    };
     if let Some(p) = &args.prompt {
         let turn = turn_of(p.clone(), std::mem::take(&mut images));
-        return answer(&mut assistant, &mut conversation, turn);
+        return answer(args.json, &mut assistant, &mut conversation, turn);
     }
     eprintln!(
         "{} ({}) ready; one line per turn, an empty line or end of input quits",
@@ -322,9 +272,64 @@ pub fn run(args: &ChatArgs) -> anyhow::Result<()> {
         }
         let turn = turn_of(line, std::mem::take(&mut images));
         // A failed turn is reported; the conversation continues from its last good state.
-        if let Err(e) = answer(&mut assistant, &mut conversation, turn) {
+        if let Err(e) = answer(args.json, &mut assistant, &mut conversation, turn) {
             eprintln!("error: {e:#}");
         }
+    }
+    Ok(())
+}
+
+/// `--tools FILE`: a JSON array of OpenAI-style tools; none without the flag.
+fn read_tools(args: &ChatArgs) -> anyhow::Result<Vec<serde_json::Value>> {
+    let Some(p) = &args.tools else {
+        return Ok(Vec::new());
+    };
+    let text =
+        std::fs::read_to_string(p).with_context(|| format!("reading tools {}", p.display()))?;
+    match serde_json::from_str(&text).with_context(|| format!("parsing tools {}", p.display()))? {
+        serde_json::Value::Array(a) => Ok(a),
+        _ => bail!("{}: the tool list must be a JSON array", p.display()),
+    }
+}
+
+/// Runs one turn: streams its text to stdout (unless `json`), prints the result, and keeps
+/// the conversation it continues from.
+fn answer(
+    json: bool,
+    assistant: &mut Assistant,
+    conversation: &mut Option<Conversation>,
+    turn: Turn,
+) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut in_reasoning = false;
+    let mut on_event = |e: Event| {
+        if json {
+            return;
+        }
+        if let Event::Text { text, reasoning } = e {
+            if reasoning != in_reasoning {
+                let _ = write!(out, "{}", if reasoning { "<think>" } else { "</think>\n" });
+                in_reasoning = reasoning;
+            }
+            let _ = write!(out, "{text}");
+            let _ = out.flush();
+        }
+    };
+    let reply = assistant.ask(conversation.as_ref(), &turn, &mut on_event)?;
+    if in_reasoning {
+        write!(out, "</think>")?;
+    }
+    print_reply(&reply, json, &mut out)?;
+    let incomplete = reply.is_incomplete();
+    if let Some(c) = reply.conversation {
+        *conversation = Some(c);
+    }
+    if incomplete {
+        bail!(
+            "incomplete: --max-new-tokens {} ended the answer before its JSON value",
+            turn.max_new_tokens
+        );
     }
     Ok(())
 }

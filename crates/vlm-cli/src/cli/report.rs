@@ -84,6 +84,17 @@ fn tensor(side: &str, t: &TensorEntry) -> String {
 
 fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     writeln!(out, "package report: {}", r.package.display())?;
+    write_runtime(out, r)?;
+    write_manifest(out, r)?;
+    write_files(out, r)?;
+    write_memory(out, r)?;
+    write_prompt_tail(out, r)?;
+    write_graphs(out, r)?;
+    write_verdict(out, r)
+}
+
+/// Libraries, versions, flush mode; or why the runtime cannot be opened.
+fn write_runtime(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     writeln!(out, "runtime")?;
     writeln!(
         out,
@@ -127,6 +138,10 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     if let Some(e) = &r.runtime_error {
         writeln!(out, "  runtime           cannot be opened: {e}")?;
     }
+    Ok(())
+}
+
+fn write_manifest(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     if let Some(m) = &r.manifest {
         writeln!(out, "manifest (model.json)")?;
         writeln!(
@@ -143,6 +158,10 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
             m.eos
         )?;
     }
+    Ok(())
+}
+
+fn write_files(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     writeln!(out, "files")?;
     for f in &r.files {
         let graphs = if f.graphs.is_empty() {
@@ -157,43 +176,54 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
             size(f.bytes)
         )?;
     }
-    if let Some(m) = &r.memory {
-        writeln!(out, "memory (ION pool)")?;
-        if m.reserved_memory.is_empty() {
-            writeln!(out, "  reserved-memory   no ion* node")?;
-        }
-        for n in &m.reserved_memory {
-            match (n.bytes, &n.error) {
-                (Some(b), _) => writeln!(out, "  reserved-memory   {} {}", n.name, size(b))?,
-                (None, e) => writeln!(
-                    out,
-                    "  reserved-memory   {} (size unreadable: {})",
-                    n.name,
-                    e.as_deref().unwrap_or("?")
-                )?,
-            }
-        }
-        let free = match m.available {
-            Some(a) => size(a),
-            None if m.unlimited => "no limit".to_owned(),
-            None => "unknown".to_owned(),
-        };
-        writeln!(out, "  free              {free} ({})", m.source)?;
-        let buffers = m.buffer_bytes.unwrap_or(0);
-        writeln!(
-            out,
-            "  needed            .hbm loads {} + {} cache sets and I/O {} = {} → {} (--pool-check {})",
-            size(m.hbm_bytes),
-            m.cache_sets,
-            size(buffers),
-            size(m.hbm_bytes + buffers),
-            m.verdict,
-            m.pool_check
-        )?;
-        if m.verdict != "fits" && !m.fix.is_empty() {
-            writeln!(out, "  fix               {}", m.fix)?;
+    Ok(())
+}
+
+/// The ION pool: reserved, free, needed and the verdict.
+fn write_memory(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
+    let Some(m) = &r.memory else {
+        return Ok(());
+    };
+    writeln!(out, "memory (ION pool)")?;
+    if m.reserved_memory.is_empty() {
+        writeln!(out, "  reserved-memory   no ion* node")?;
+    }
+    for n in &m.reserved_memory {
+        match (n.bytes, &n.error) {
+            (Some(b), _) => writeln!(out, "  reserved-memory   {} {}", n.name, size(b))?,
+            (None, e) => writeln!(
+                out,
+                "  reserved-memory   {} (size unreadable: {})",
+                n.name,
+                e.as_deref().unwrap_or("?")
+            )?,
         }
     }
+    let free = match m.available {
+        Some(a) => size(a),
+        None if m.unlimited => "no limit".to_owned(),
+        None => "unknown".to_owned(),
+    };
+    writeln!(out, "  free              {free} ({})", m.source)?;
+    let buffers = m.buffer_bytes.unwrap_or(0);
+    writeln!(
+        out,
+        "  needed            .hbm loads {} + {} cache sets and I/O {} = {} → {} (--pool-check {})",
+        size(m.hbm_bytes),
+        m.cache_sets,
+        size(buffers),
+        size(m.hbm_bytes + buffers),
+        m.verdict,
+        m.pool_check
+    )?;
+    if m.verdict != "fits" && !m.fix.is_empty() {
+        writeln!(out, "  fix               {}", m.fix)?;
+    }
+    Ok(())
+}
+
+/// How prompt tails are prefilled, why, and the calibration trials behind it.
+fn write_prompt_tail(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     let d = &r.prefill_tail_decision;
     writeln!(out, "prompt tail")?;
     let range = d.min_tail.map_or(String::new(), |m| {
@@ -230,6 +260,10 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
             writeln!(out, "   {mark}{}", t.summary())?;
         }
     }
+    Ok(())
+}
+
+fn write_graphs(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     writeln!(out, "graphs ({})", r.graphs.len())?;
     for g in &r.graphs {
         writeln!(out, "  `{}` from {}", g.name, g.file.display())?;
@@ -243,6 +277,11 @@ fn write_text(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     if let Some(n) = r.prefill_chunk {
         writeln!(out, "prefill: {n} rows per chunk")?;
     }
+    Ok(())
+}
+
+/// Warnings, then the violations (or that there are none).
+fn write_verdict(out: &mut impl Write, r: &PackageReport) -> std::io::Result<()> {
     for w in &r.warnings {
         writeln!(out, "WARNING {w}")?;
     }

@@ -132,7 +132,18 @@ impl Sampler {
         if p.temperature <= 0.0 && !penalise && self.bias.is_empty() {
             return argmax(logits).ok_or(SamplerError::NothingToSample);
         }
+        self.candidates(logits, p, penalise)?;
+        let min_keep = p.min_keep.max(1);
+        if p.temperature <= 0.0 {
+            return Ok(best(&self.cand));
+        }
+        self.filter(p, min_keep);
+        Ok(self.draw())
+    }
 
+    /// Fills `cand` with the raw candidates that can still win, adjusted by the penalties
+    /// (when `penalise`) and the logit bias; ids left at NaN or `-inf` are dropped.
+    fn candidates(&mut self, logits: &[f32], p: Knobs, penalise: bool) -> Result<(), SamplerError> {
         let mut n = p
             .top_k
             .max(MIN_CANDIDATES)
@@ -171,10 +182,12 @@ impl Sampler {
         if self.cand.is_empty() {
             return Err(SamplerError::NothingToSample);
         }
-        let min_keep = p.min_keep.max(1);
-        if p.temperature <= 0.0 {
-            return Ok(best(&self.cand));
-        }
+        Ok(())
+    }
+
+    /// Sorts the candidates best first with their probabilities at temperature in `probs`,
+    /// cut by top-k, top-p, min-p and locally-typical filtering.
+    fn filter(&mut self, p: Knobs, min_keep: usize) {
         // Only the first k survive top-k, so select them before sorting.
         if p.top_k > 0 {
             let k = p.top_k.max(min_keep);
@@ -223,17 +236,20 @@ impl Sampler {
         if p.typical_p < 1.0 {
             self.typical(p.typical_p, min_keep);
         }
+    }
 
+    /// Draws from the remaining mass with the seeded RNG.
+    fn draw(&mut self) -> u32 {
         let total: f32 = self.probs.iter().sum();
         let r = self.rng.random::<f32>() * total;
         let mut cum = 0.0;
         for (i, &q) in self.probs.iter().enumerate() {
             cum += q;
             if r < cum {
-                return Ok(self.cand[i].1);
+                return self.cand[i].1;
             }
         }
-        Ok(self.cand[self.probs.len() - 1].1)
+        self.cand[self.probs.len() - 1].1
     }
 
     /// [`Sampler::sample`] restricted to the ids `mask` allows. Every other logit is `-inf`

@@ -4,11 +4,15 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::container::{Container, Header, LogitsType, PadLayout, TextParams, VisualParams};
 use crate::graphs::{text_graph_desc, visual_graph_desc};
 use crate::pads::{PadMask, PadRope};
+
+mod manifest;
+
+use manifest::sim_manifest;
 
 /// Where the prefill graph goes (`--prefill-in`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -217,6 +221,44 @@ fn to_f16_bytes(v: &[f32]) -> Vec<u8> {
 
 /// Writes a sim package (see the module docs and issue 4 item 4).
 pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageError> {
+    check_options(o)?;
+    let src = Sources::read(o)?;
+    let tc = &src.cfg.text;
+    std::fs::create_dir_all(&o.out_dir).map_err(io(&o.out_dir))?;
+
+    let tensors = if o.no_weights {
+        Tensors::new()
+    } else {
+        read_tensors(&safetensors_files(&o.hf_dir)?)?
+    };
+    let mut files = Vec::new();
+    let has_prefill_file = write_text_graphs(o, &src, &tensors, &mut files)?;
+    let vision = src.cfg.vision.as_ref();
+    if let Some(vc) = vision {
+        write_tower(o, &src, vc, &tensors, &mut files)?;
+    }
+    files.push(write_embed(o, tc, &tensors)?);
+    let tok_out = o.out_dir.join("tokenizer.json");
+    std::fs::write(&tok_out, src.tok_text.as_bytes()).map_err(io(&tok_out))?;
+    files.push(tok_out);
+
+    let mj_path = o.out_dir.join(bllm_manifest::FILE_NAME);
+    let text = sim_manifest(o, &src, has_prefill_file)?
+        .to_json_pretty()
+        .map_err(|e| PackageError::Option(e.to_string()))?;
+    std::fs::write(&mj_path, text).map_err(io(&mj_path))?;
+    files.push(mj_path);
+    tracing::info!(out = %o.out_dir.display(), files = files.len(), "sim package written");
+    Ok(PackageSummary {
+        files,
+        vocab: tc.vocab_size,
+        hidden: tc.hidden_size,
+        vision: vision.is_some(),
+    })
+}
+
+/// Options that contradict each other or the container format.
+fn check_options(o: &PackageOptions) -> Result<(), PackageError> {
     if !(2..=hbdnn_sys::HB_DNN_TENSOR_MAX_DIMENSIONS as usize).contains(&o.tower_rank) {
         return Err(PackageError::Option(format!(
             "tower rank {} must be in 2..={}",
@@ -240,42 +282,128 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
             o.prefill_chunk, o.cache_len
         )));
     }
-    let cfg_path = o
-        .config
-        .clone()
-        .unwrap_or_else(|| o.hf_dir.join("config.json"));
-    let cfg_text = std::fs::read_to_string(&cfg_path).map_err(io(&cfg_path))?;
-    let cfg_json: Value = serde_json::from_str(&cfg_text).map_err(|e| PackageError::Input {
-        path: cfg_path.clone(),
-        reason: e.to_string(),
-    })?;
-    let cfg = qwen35::Config::from_json_str(&cfg_text).map_err(|e| PackageError::Input {
-        path: cfg_path.clone(),
-        reason: e.to_string(),
-    })?;
-    let tc = &cfg.text;
-    let tok_path = o
-        .tokenizer
-        .clone()
-        .unwrap_or_else(|| o.hf_dir.join("tokenizer.json"));
-    let tok_text = std::fs::read_to_string(&tok_path).map_err(io(&tok_path))?;
-    let tok: Value = serde_json::from_str(&tok_text).map_err(|e| PackageError::Input {
-        path: tok_path.clone(),
-        reason: e.to_string(),
-    })?;
-    std::fs::create_dir_all(&o.out_dir).map_err(io(&o.out_dir))?;
+    Ok(())
+}
 
-    let tensors = if o.no_weights {
-        Tensors::new()
-    } else {
-        read_tensors(&safetensors_files(&o.hf_dir)?)?
-    };
-    let is_visual = |n: &str| n.starts_with("model.visual.");
+/// The checkpoint's `config.json` and `tokenizer.json`, read and parsed.
+struct Sources {
+    cfg_path: PathBuf,
+    /// `config.json` as JSON, stored in every container header.
+    cfg_json: Value,
+    cfg: qwen35::Config,
+    tok_text: String,
+    tok: Value,
+}
+
+impl Sources {
+    fn read(o: &PackageOptions) -> Result<Self, PackageError> {
+        let cfg_path = o
+            .config
+            .clone()
+            .unwrap_or_else(|| o.hf_dir.join("config.json"));
+        let cfg_text = std::fs::read_to_string(&cfg_path).map_err(io(&cfg_path))?;
+        let input = |path: &Path, e: &dyn std::fmt::Display| PackageError::Input {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        };
+        let cfg_json: Value = serde_json::from_str(&cfg_text).map_err(|e| input(&cfg_path, &e))?;
+        let cfg = qwen35::Config::from_json_str(&cfg_text).map_err(|e| input(&cfg_path, &e))?;
+        let tok_path = o
+            .tokenizer
+            .clone()
+            .unwrap_or_else(|| o.hf_dir.join("tokenizer.json"));
+        let tok_text = std::fs::read_to_string(&tok_path).map_err(io(&tok_path))?;
+        let tok: Value = serde_json::from_str(&tok_text).map_err(|e| input(&tok_path, &e))?;
+        Ok(Self {
+            cfg_path,
+            cfg_json,
+            cfg,
+            tok_text,
+            tok,
+        })
+    }
+
+    fn header(&self, o: &PackageOptions, graphs: Vec<crate::container::GraphDesc>) -> Header {
+        Header {
+            graphs,
+            config: Some(self.cfg_json.clone()),
+            has_weights: !o.no_weights,
+            march: Some(o.march.clone()),
+        }
+    }
+}
+
+fn write_container(
+    o: &PackageOptions,
+    name: &str,
+    c: Container,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), PackageError> {
+    let p = o.out_dir.join(name);
+    c.write(&p).map_err(|e| PackageError::Input {
+        path: p.clone(),
+        reason: e.to_string(),
+    })?;
+    files.push(p);
+    Ok(())
+}
+
+fn is_visual(name: &str) -> bool {
+    name.starts_with("model.visual.")
+}
+
+/// `model.hbm` and, per `--prefill-in`, `model_prefill.hbm`; returns whether the latter was
+/// written.
+fn write_text_graphs(
+    o: &PackageOptions,
+    src: &Sources,
+    tensors: &Tensors,
+    files: &mut Vec<PathBuf>,
+) -> Result<bool, PackageError> {
+    let tc = &src.cfg.text;
     let text_payload = if o.no_weights {
         Vec::new()
     } else {
-        serialize(&tensors, |n| !is_visual(n))?
+        serialize(tensors, |n| !is_visual(n))?
     };
+    let (decode, prefill, older_prefill) = text_params(o, tc);
+    let mut model_graphs = vec![text_graph_desc("qwen35", tc, &decode)];
+    match o.prefill_in {
+        PrefillIn::Model => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &prefill)),
+        PrefillIn::Both => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &older_prefill)),
+        PrefillIn::Separate | PrefillIn::None => {}
+    }
+    write_container(
+        o,
+        "model.hbm",
+        Container {
+            header: src.header(o, model_graphs),
+            payload: text_payload.clone(),
+        },
+        files,
+    )?;
+    let has_prefill_file = matches!(o.prefill_in, PrefillIn::Separate | PrefillIn::Both);
+    if has_prefill_file {
+        let g = vec![text_graph_desc("qwen35_prefill", tc, &prefill)];
+        write_container(
+            o,
+            "model_prefill.hbm",
+            Container {
+                header: src.header(o, g),
+                payload: text_payload,
+            },
+            files,
+        )?;
+    }
+    Ok(has_prefill_file)
+}
+
+/// `(decode, prefill, older prefill)` graph parameters; the older prefill graph (in
+/// `model.hbm` with `--prefill-in both`) has all-row logits and no pads.
+fn text_params(
+    o: &PackageOptions,
+    tc: &qwen35::TextConfig,
+) -> (TextParams, TextParams, TextParams) {
     let mask_heads = if o.mask_heads_one {
         1
     } else {
@@ -311,182 +439,81 @@ pub fn make_sim_package(o: &PackageOptions) -> Result<PackageSummary, PackageErr
         pads: false,
         ..prefill.clone()
     };
-    let header = |graphs| Header {
-        graphs,
-        config: Some(cfg_json.clone()),
-        has_weights: !o.no_weights,
-        march: Some(o.march.clone()),
-    };
-    let mut files = Vec::new();
-    let mut write = |name: &str, c: Container| -> Result<(), PackageError> {
-        let p = o.out_dir.join(name);
-        c.write(&p).map_err(|e| PackageError::Input {
-            path: p.clone(),
-            reason: e.to_string(),
-        })?;
-        files.push(p);
-        Ok(())
-    };
-    let mut model_graphs = vec![text_graph_desc("qwen35", tc, &decode)];
-    match o.prefill_in {
-        PrefillIn::Model => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &prefill)),
-        PrefillIn::Both => model_graphs.push(text_graph_desc("qwen35_prefill", tc, &older_prefill)),
-        PrefillIn::Separate | PrefillIn::None => {}
-    }
-    write(
-        "model.hbm",
-        Container {
-            header: header(model_graphs),
-            payload: text_payload.clone(),
-        },
-    )?;
-    let has_prefill_file = matches!(o.prefill_in, PrefillIn::Separate | PrefillIn::Both);
-    if has_prefill_file {
-        let g = vec![text_graph_desc("qwen35_prefill", tc, &prefill)];
-        write(
-            "model_prefill.hbm",
-            Container {
-                header: header(g),
-                payload: text_payload,
-            },
-        )?;
-    }
-    let vision = cfg.vision.as_ref();
-    if let Some(vc) = vision {
-        if !o
-            .image_size
-            .is_multiple_of(vc.patch_size * vc.spatial_merge_size)
-        {
-            return Err(PackageError::Option(format!(
-                "image size {} is not a multiple of patch {} × merge {}",
-                o.image_size, vc.patch_size, vc.spatial_merge_size
-            )));
-        }
-        let p = VisualParams {
-            image_size: o.image_size,
-            output: o.logits,
-            output_scale: o.s16_scale,
-            rank: o.tower_rank,
-            dynamic_strides: o.dynamic_strides,
-        };
-        let payload = if o.no_weights {
-            Vec::new()
-        } else {
-            serialize(&tensors, is_visual)?
-        };
-        write(
-            "visual.hbm",
-            Container {
-                header: header(vec![visual_graph_desc("visual", vc, &p)]),
-                payload,
-            },
-        )?;
-    }
+    (decode, prefill, older_prefill)
+}
 
-    // embed_tokens.bin: headerless fp16 [vocab, H].
+/// `visual.hbm`, after checking that the image bucket tiles into merge blocks.
+fn write_tower(
+    o: &PackageOptions,
+    src: &Sources,
+    vc: &qwen35::VisionConfig,
+    tensors: &Tensors,
+    files: &mut Vec<PathBuf>,
+) -> Result<(), PackageError> {
+    if !o
+        .image_size
+        .is_multiple_of(vc.patch_size * vc.spatial_merge_size)
+    {
+        return Err(PackageError::Option(format!(
+            "image size {} is not a multiple of patch {} × merge {}",
+            o.image_size, vc.patch_size, vc.spatial_merge_size
+        )));
+    }
+    let p = VisualParams {
+        image_size: o.image_size,
+        output: o.logits,
+        output_scale: o.s16_scale,
+        rank: o.tower_rank,
+        dynamic_strides: o.dynamic_strides,
+    };
+    let payload = if o.no_weights {
+        Vec::new()
+    } else {
+        serialize(tensors, is_visual)?
+    };
+    write_container(
+        o,
+        "visual.hbm",
+        Container {
+            header: src.header(o, vec![visual_graph_desc("visual", vc, &p)]),
+            payload,
+        },
+        files,
+    )
+}
+
+/// `embed_tokens.bin`: headerless fp16 `[vocab, H]` (sparse zeros without weights).
+fn write_embed(
+    o: &PackageOptions,
+    tc: &qwen35::TextConfig,
+    tensors: &Tensors,
+) -> Result<PathBuf, PackageError> {
     let embed_path = o.out_dir.join("embed_tokens.bin");
     let embed_len = (tc.vocab_size * tc.hidden_size * 2) as u64;
     if o.no_weights {
         let f = std::fs::File::create(&embed_path).map_err(io(&embed_path))?;
         f.set_len(embed_len).map_err(io(&embed_path))?; // sparse zeros
-    } else {
-        let name = [
-            "model.language_model.embed_tokens.weight",
-            "model.embed_tokens.weight",
-        ]
-        .into_iter()
-        .find(|n| tensors.contains_key(*n))
-        .ok_or_else(|| PackageError::Input {
-            path: o.hf_dir.clone(),
-            reason: "no embed_tokens weight".into(),
-        })?;
-        let ws = qwen35::WeightStore::open_files(&safetensors_files(&o.hf_dir)?).map_err(|e| {
-            PackageError::Input {
-                path: o.hf_dir.clone(),
-                reason: e.to_string(),
-            }
-        })?;
-        let table = ws
-            .get_f32(name, &[tc.vocab_size, tc.hidden_size])
-            .map_err(|e| PackageError::Input {
-                path: o.hf_dir.clone(),
-                reason: e.to_string(),
-            })?;
-        std::fs::write(&embed_path, to_f16_bytes(&table)).map_err(io(&embed_path))?;
+        return Ok(embed_path);
     }
-    files.push(embed_path);
-    let tok_out = o.out_dir.join("tokenizer.json");
-    std::fs::write(&tok_out, tok_text.as_bytes()).map_err(io(&tok_out))?;
-    files.push(tok_out);
-
-    // model.json with the keys of a real hybrid VLM package.
-    let im_start = token_id(&tok, "<|im_start|>");
-    let im_end = token_id(&tok, "<|im_end|>");
-    let mut eos: Vec<u32> = Vec::new();
-    let gen_cfg = o.hf_dir.join("generation_config.json");
-    if let Ok(text) = std::fs::read_to_string(&gen_cfg) {
-        if let Ok(v) = serde_json::from_str::<Value>(&text) {
-            match &v["eos_token_id"] {
-                Value::Number(n) => eos.extend(n.as_u64().map(|x| x as u32)),
-                Value::Array(a) => {
-                    eos.extend(a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32))
-                }
-                _ => {}
-            }
-        }
-    }
-    if eos.is_empty() {
-        eos.extend(im_end);
-        eos.extend(token_id(&tok, "<|endoftext|>"));
-    }
-    let mut mj = json!({
-        "name": cfg_path.parent().and_then(|p| p.file_name()).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
-        "arch": "hybrid",
-        "backend": "native",
-        "graph": "qwen35",
-        "hbm": "model.hbm",
-        "embed": "embed_tokens.bin",
-        "tokenizer": "tokenizer.json",
-        "eos": eos,
-        "chat": {
-            "format": "chatml",
-            "im_start": im_start.map_or(-1, i64::from),
-            "im_end": im_end.map_or(-1, i64::from),
-            "system": o.system,
-        },
-        "rope_theta": tc.rope_theta,
-        "cache_len": o.cache_len,
-        "prefill_pads": o.prefill_pads,
-        "prefill_min_tail": o.prefill_min_tail.unwrap_or(o.prefill_chunk),
-        "dialect": "qwen3.5",
-    });
-    if has_prefill_file {
-        mj["hbm_prefill"] = json!("model_prefill.hbm");
-    }
-    if let Some(id) = cfg.image_token_id {
-        mj["image_token_id"] = json!(id);
-    }
-    if let Some(vc) = vision {
-        mj["visual"] = json!("visual.hbm");
-        mj["mrope_section"] = json!(tc.mrope_section);
-        mj["mrope_interleaved"] = json!(true);
-        mj["vision"] = json!({
-            "patch": vc.patch_size,
-            "merge": vc.spatial_merge_size,
-            "mean": [0.5, 0.5, 0.5],
-            "std": [0.5, 0.5, 0.5],
-        });
-    }
-    let mj_path = o.out_dir.join("model.json");
-    let text =
-        serde_json::to_string_pretty(&mj).map_err(|e| PackageError::Option(e.to_string()))?;
-    std::fs::write(&mj_path, text).map_err(io(&mj_path))?;
-    files.push(mj_path);
-    tracing::info!(out = %o.out_dir.display(), files = files.len(), "sim package written");
-    Ok(PackageSummary {
-        files,
-        vocab: tc.vocab_size,
-        hidden: tc.hidden_size,
-        vision: vision.is_some(),
-    })
+    let name = [
+        "model.language_model.embed_tokens.weight",
+        "model.embed_tokens.weight",
+    ]
+    .into_iter()
+    .find(|n| tensors.contains_key(*n))
+    .ok_or_else(|| PackageError::Input {
+        path: o.hf_dir.clone(),
+        reason: "no embed_tokens weight".into(),
+    })?;
+    let checkpoint = |e: &dyn std::fmt::Display| PackageError::Input {
+        path: o.hf_dir.clone(),
+        reason: e.to_string(),
+    };
+    let ws = qwen35::WeightStore::open_files(&safetensors_files(&o.hf_dir)?)
+        .map_err(|e| checkpoint(&e))?;
+    let table = ws
+        .get_f32(name, &[tc.vocab_size, tc.hidden_size])
+        .map_err(|e| checkpoint(&e))?;
+    std::fs::write(&embed_path, to_f16_bytes(&table)).map_err(io(&embed_path))?;
+    Ok(embed_path)
 }
