@@ -1,7 +1,8 @@
 //! The BPU backend: a BLLM package run through `hbdnn` over the board libraries or the
 //! simulator (the package's `.hbm` files decide which; an explicit choice that contradicts
 //! them is an error). Implements the engine's [`Backend`] seam with the contract's decode
-//! loop: I/O by index, ping-pong cache sets A/B, the right-aligned window mask written into
+//! loop: I/O by index, two cache sets a run alternates between (a third one, where the pool allows,
+//! holds a pinned or stashed state), the right-aligned window mask written into
 //! every head plane, M-RoPE cos/sin per row, CLEAN after CPU writes and INVALIDATE before CPU
 //! reads (of the bytes concerned, or of whole buffers when the runtime refuses a flush of part
 //! of one: [`flush`], probed at open), S16 logits dequantised by the output scale, and the

@@ -1,6 +1,6 @@
 //! `vlm bench --host-overhead` on a sim package: per-token host time and the decode-state
 //! copies an ask may wait for (snapshot, into a kept snapshot's memory, restore), of a
-//! pre-fill-sized state.
+//! priming-sized state.
 #![allow(clippy::unwrap_used)]
 
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Host time of the decode-state copies an ask may wait for (`vlm bench --host-overhead`): a
-//! snapshot (parking a stopped pre-fill), the same into a kept snapshot's memory, and a
-//! restore (a pre-filled frame, a cached system block, a session), of a state the size of a
-//! pre-filled image turn.
+//! snapshot (a stopped priming set aside), the same into a kept snapshot's memory, and a
+//! restore (a primed frame, a cached system block, a session), of a state the size of a
+//! primed image turn.
 
 use std::time::Instant;
 
@@ -12,7 +12,7 @@ use vlm_bpu::BpuBackend;
 
 use super::median;
 
-/// Rows of the measured state: a 4B pre-fill (system block, user header, image block).
+/// Rows of the measured state: a 4B priming (system block, user header, image block).
 const ROWS: usize = 122;
 
 fn ms(t: Instant) -> f64 {
