@@ -127,7 +127,7 @@ fn camera_key(c: &CachedFrame) -> ImageKey {
     ))
 }
 
-fn rgb_input(img: Result<camera_frame::RgbImage, String>) -> Result<ImageInput, String> {
+fn rgb_input(img: Result<camera_frame::image::RgbImage, String>) -> Result<ImageInput, String> {
     let img = img?;
     let (w, h) = (img.width() as usize, img.height() as usize);
     RgbImage::new(w, h, img.into_raw())

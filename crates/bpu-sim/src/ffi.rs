@@ -23,15 +23,15 @@ pub use crate::status::status_name;
 const CORES: u32 = 1;
 
 /// What the body of an entry point asks the boundary to do after releasing the lock.
-enum Outcome {
+enum AfterLock {
     Done(i32),
     /// Sleep, then return the code.
     SleepThen(Duration, i32),
 }
 
-impl From<i32> for Outcome {
+impl From<i32> for AfterLock {
     fn from(c: i32) -> Self {
-        Outcome::Done(c)
+        AfterLock::Done(c)
     }
 }
 
@@ -39,7 +39,7 @@ impl From<i32> for Outcome {
 fn boundary(
     call: &'static str,
     handle: usize,
-    body: impl FnOnce(&mut SimState, Option<FaultAction>) -> Outcome,
+    body: impl FnOnce(&mut SimState, Option<FaultAction>) -> AfterLock,
 ) -> i32 {
     let r = catch_unwind(AssertUnwindSafe(|| {
         let sim = Sim::current();
@@ -47,8 +47,8 @@ fn boundary(
             let mut st = sim.lock();
             let fault = st.fault(call);
             match fault {
-                Some(FaultAction::Status(c)) => Outcome::Done(c),
-                Some(FaultAction::AllocFail) => Outcome::Done(sys::HB_UCP_MEM_ALLOC_FAIL),
+                Some(FaultAction::Status(c)) => AfterLock::Done(c),
+                Some(FaultAction::AllocFail) => AfterLock::Done(sys::HB_UCP_MEM_ALLOC_FAIL),
                 Some(FaultAction::Panic) => panic!("bpu-sim: injected panic in {call}"),
                 Some(FaultAction::Evict) => {
                     let lines = st.evict();
@@ -56,23 +56,23 @@ fn boundary(
                     body(&mut st, None)
                 }
                 Some(FaultAction::Timeout) if call != "hbUCPWaitTaskDone" => {
-                    Outcome::Done(sys::HB_UCP_TASK_TIMEOUT)
+                    AfterLock::Done(sys::HB_UCP_TASK_TIMEOUT)
                 }
                 // Submit and wait make a task slow themselves, so that a wait limit applies.
                 Some(FaultAction::Slow(d))
                     if call != "hbUCPSubmitTask" && call != "hbUCPWaitTaskDone" =>
                 {
                     match body(&mut st, None) {
-                        Outcome::Done(c) => Outcome::SleepThen(d, c),
-                        Outcome::SleepThen(e, c) => Outcome::SleepThen(d + e, c),
+                        AfterLock::Done(c) => AfterLock::SleepThen(d, c),
+                        AfterLock::SleepThen(e, c) => AfterLock::SleepThen(d + e, c),
                     }
                 }
                 other => body(&mut st, other),
             }
         };
         match outcome {
-            Outcome::Done(c) => c,
-            Outcome::SleepThen(d, c) => {
+            AfterLock::Done(c) => c,
+            AfterLock::SleepThen(d, c) => {
                 std::thread::sleep(d);
                 c
             }
@@ -406,7 +406,7 @@ pub unsafe extern "C" fn hbDNNInferV2(
         Some(h) if code == sys::HB_UCP_SUCCESS => boundary("hbDNNInferV2", h, |st, _| {
             let (c, d) = st.execute(h);
             st.drop_task(h);
-            Outcome::SleepThen(d, c)
+            AfterLock::SleepThen(d, c)
         }),
         _ => code,
     }
@@ -493,11 +493,11 @@ pub unsafe extern "C" fn hbUCPWaitTaskDone(task: hbUCPTaskHandle_t, timeout_ms: 
         }
         let limit = (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms as u64));
         if matches!(fault, Some(FaultAction::Timeout)) {
-            return Outcome::SleepThen(limit.unwrap_or(Duration::ZERO), sys::HB_UCP_TASK_TIMEOUT);
+            return AfterLock::SleepThen(limit.unwrap_or(Duration::ZERO), sys::HB_UCP_TASK_TIMEOUT);
         }
         match limit {
-            Some(l) if remaining > l => Outcome::SleepThen(l, sys::HB_UCP_TASK_TIMEOUT),
-            _ => Outcome::SleepThen(remaining, status),
+            Some(l) if remaining > l => AfterLock::SleepThen(l, sys::HB_UCP_TASK_TIMEOUT),
+            _ => AfterLock::SleepThen(remaining, status),
         }
     })
 }

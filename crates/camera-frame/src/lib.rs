@@ -43,7 +43,9 @@ pub use convert::yuv_to_rgb;
 pub use encoding::{parse_compressed_format, Codec, CompressedFormat, Encoding, PixelFormat};
 pub use error::{FrameError, FrameErrorKind};
 pub use frame::Frame;
-pub use image::RgbImage;
+/// The `image` crate, whose `RgbImage` the conversions return (the runtime's own RGB type is
+/// `vlm::vision::RgbImage`; the node converts between them in one place).
+pub use image;
 pub use validate::{
     CompressedLayout, CompressedMsg, ImageMsg, Layout, Limits, RawLayout, MAX_NV12_ROW_PADDING,
 };

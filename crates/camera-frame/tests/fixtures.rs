@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
+use camera_frame::image::RgbImage;
 use camera_frame::{
-    Codec, CompressedMsg, Encoding, Frame, FrameErrorKind, ImageMsg, Limits, PixelFormat, RgbImage,
+    Codec, CompressedMsg, Encoding, Frame, FrameErrorKind, ImageMsg, Limits, PixelFormat,
 };
 use serde::Deserialize;
 
