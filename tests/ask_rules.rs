@@ -29,6 +29,8 @@ fn the_valid_request_is_planned() {
         Box::new(|r| r.max_image_age_s = 1e9),
         Box::new(|r| r.presence_penalty = -5.0),
         Box::new(|r| r.temperature = 0.0),
+        Box::new(|r| r.temperature = 1e-39),
+        Box::new(|r| r.repetition_penalty = 0.01),
         Box::new(|r| r.top_p = 1.0),
         Box::new(|r| r.min_p = 1.0),
     ];
@@ -74,7 +76,8 @@ fn each_bad_number_is_refused_naming_its_field() {
         (
             "repetition_penalty",
             |r, v| r.repetition_penalty = v,
-            &[0.0, -2.0],
+            // Below the sampler's bound of 0.01 a penalised logit overflows.
+            &[0.0, -2.0, 0.005, 1e-30, f32::MIN_POSITIVE],
         ),
         (
             "presence_penalty",

@@ -131,6 +131,12 @@ macro_rules! declare {
     };
 }
 
+/// `>= 0.01`: the sampler's own lower bound, which the default is checked against too.
+const REPETITION_PENALTY: Span = Span {
+    lo: Bound::Incl(vlm::sampler::MIN_REPETITION_PENALTY),
+    hi: Bound::None,
+};
+
 declare! {
     model_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
         "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with \
@@ -164,15 +170,15 @@ declare! {
     max_new_tokens: u32 = i(256), Kind::Int { min: 1, max: MAX_NEW_TOKENS_LIMIT as i64 }, NextAsk,
         "Default cap on generated tokens per ask.";
     temperature: f32 = d(0.7), Kind::Real(AT_LEAST_0), NextAsk,
-        "Default sampling temperature (0 = greedy). Defaults follow the Qwen3.5 model card's \
-        non-thinking setting.";
+        "Default sampling temperature (below 1e-6, 0 included, = greedy). Defaults follow the \
+        Qwen3.5 model card's non-thinking setting.";
     top_p: f32 = d(0.8), Kind::Real(SHARE), NextAsk,
         "Default nucleus mass.";
     top_k: u32 = i(20), Kind::Int { min: 0, max: 1_000_000 }, NextAsk,
         "Default top-k (0 = no limit).";
     min_p: f32 = d(0.0), Kind::Real(closed(0.0, 1.0)), NextAsk,
         "Default min-p.";
-    repetition_penalty: f32 = d(1.0), Kind::Real(ABOVE_0), NextAsk,
+    repetition_penalty: f32 = d(1.0), Kind::Real(REPETITION_PENALTY), NextAsk,
         "Default repetition penalty (1 = none).";
     presence_penalty: f32 = d(1.5), Kind::Real(closed(-100.0, 100.0)), NextAsk,
         "Default presence penalty (0 = none).";

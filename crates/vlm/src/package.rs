@@ -200,12 +200,18 @@ impl ModelConfig {
             .graph
             .filter(|g| !g.is_empty())
             .unwrap_or_else(|| "qwen35".into());
-        let hbm = r.path(m.hbm).ok_or_else(|| r.missing("hbm"))?;
-        let hbm_prefill = r.path(m.hbm_prefill);
+        let hbm = r.path("hbm", m.hbm)?.ok_or_else(|| r.missing("hbm"))?;
+        let hbm_prefill = r.path("hbm_prefill", m.hbm_prefill)?;
         let tokenizer = r
-            .path(m.tokenizer)
+            .path("tokenizer", m.tokenizer)?
             .unwrap_or_else(|| dir.join("tokenizer.json"));
-        let embed = Some(r.path(m.embed).ok_or_else(|| r.missing("embed"))?);
+        let embed = Some(
+            r.path("embed", m.embed)?
+                .ok_or_else(|| r.missing("embed"))?,
+        );
+        // Checked even when the tower is not loaded: a name that leaves the folder is a
+        // broken (or hostile) package either way.
+        let visual = r.path("visual", m.visual)?;
         let bpu_cores = m.bpu_cores.unwrap_or(1);
         if bpu_cores == 0 {
             return Err(r.bad("bpu_cores", "must be at least 1"));
@@ -221,7 +227,7 @@ impl ModelConfig {
         let vision = r.vision(m.vision.unwrap_or_default())?;
         let chat = r.chat(m.chat.unwrap_or_default())?;
         let dialect = r.dialect(m.dialect);
-        let visual = if opts.vision { r.path(m.visual) } else { None };
+        let visual = visual.filter(|_| opts.vision);
         if visual.is_some() && mrope_section.is_empty() {
             return Err(r.bad(
                 "mrope_section",
@@ -355,16 +361,23 @@ impl Resolver<'_> {
         }
     }
 
-    /// A declared path, resolved against the package folder; an empty string is no path.
-    fn path(&self, p: Option<String>) -> Option<PathBuf> {
-        p.filter(|s| !s.is_empty()).map(|s| {
-            let p = PathBuf::from(s);
-            if p.is_absolute() {
-                p
-            } else {
-                self.dir.join(p)
-            }
-        })
+    /// A declared file of manifest key `key`, inside the package folder; an empty string is
+    /// no file. Only a plain file name is accepted — no absolute path, no `.` or `..`, no
+    /// path separator — so a package can name no file outside its folder.
+    fn path(&self, key: &str, p: Option<String>) -> Result<Option<PathBuf>, PackageError> {
+        let Some(name) = p.filter(|s| !s.is_empty()) else {
+            return Ok(None);
+        };
+        if name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+            return Err(self.bad(
+                key,
+                format!(
+                    "{name:?} is not a plain file name inside the package folder (no absolute \
+                     path, no `..`, no path separator)"
+                ),
+            ));
+        }
+        Ok(Some(self.dir.join(name)))
     }
 
     /// `(backend, arch)`: this runtime runs `hybrid` packages, and not through libxlm.
@@ -405,6 +418,30 @@ impl Resolver<'_> {
             if v == 0 {
                 return Err(self.bad(key, "must be at least 1"));
             }
+        }
+        // The tower's patch row is 3·T·P² values and a merge block P·M pixels wide: sizes
+        // the runtime multiplies, so a product that does not fit is refused here.
+        let (p, m, t) = (
+            u64::from(vision.patch),
+            u64::from(vision.merge),
+            u64::from(vision.temporal),
+        );
+        let row = p
+            .checked_mul(p)
+            .and_then(|x| x.checked_mul(t))
+            .and_then(|x| x.checked_mul(3 * 4))
+            .filter(|&x| usize::try_from(x).is_ok());
+        if row.is_none() {
+            return Err(self.bad(
+                "vision.patch",
+                format!("a patch row of 3 × temporal {t} × patch {p}² f32 values overflows"),
+            ));
+        }
+        if p.checked_mul(m).is_none_or(|x| u32::try_from(x).is_err()) {
+            return Err(self.bad(
+                "vision.merge",
+                format!("patch {p} × merge {m} is out of range"),
+            ));
         }
         if vision.std.iter().any(|s| *s == 0.0 || !s.is_finite()) {
             return Err(self.bad("vision.std", "entries must be finite and non-zero"));
@@ -514,9 +551,9 @@ mod tests {
 
     #[test]
     fn defaults_apply_when_keys_are_absent() {
-        let c = parse(r#"{"arch":"hybrid","hbm":"m.hbm","embed":"/abs/e.bin"}"#).unwrap();
+        let c = parse(r#"{"arch":"hybrid","hbm":"m.hbm","embed":"e.bin"}"#).unwrap();
         assert_eq!(c.tokenizer, PathBuf::from("/pkg/tokenizer.json"));
-        assert_eq!(c.embed, Some(PathBuf::from("/abs/e.bin")), "absolute kept");
+        assert_eq!(c.embed, Some(PathBuf::from("/pkg/e.bin")));
         assert_eq!(c.graph, "qwen35");
         assert_eq!(c.backend, "auto");
         assert_eq!(c.bpu_cores, 1);
@@ -535,6 +572,77 @@ mod tests {
 
     fn with(key_json: &str) -> String {
         format!(r#"{{"arch":"hybrid","hbm":"m.hbm","embed":"e.bin",{key_json}}}"#)
+    }
+
+    /// Every file key takes only a plain name inside the package folder: an absolute path,
+    /// `..`, `.` or a separator is refused naming the key, with vision loaded or not.
+    #[test]
+    fn file_names_stay_inside_the_package() {
+        let keys = ["hbm", "hbm_prefill", "tokenizer", "embed", "visual"];
+        for key in keys {
+            for bad in [
+                "/etc/passwd",
+                "..",
+                ".",
+                "../model.hbm",
+                "sub/model.hbm",
+                "sub\\model.hbm",
+                "a\0b",
+            ] {
+                let mut m = serde_json::json!({
+                    "arch": "hybrid", "hbm": "m.hbm", "embed": "e.bin",
+                    "mrope_section": [1, 1, 1],
+                });
+                m[key] = Value::from(bad);
+                for vision in [true, false] {
+                    let err = ModelConfig::parse(
+                        &m.to_string(),
+                        Path::new("/pkg"),
+                        Path::new("/pkg/model.json"),
+                        LoadOptions { vision },
+                    )
+                    .unwrap_err();
+                    match &err {
+                        PackageError::BadValue { key: k, reason, .. } => {
+                            assert_eq!(k, key, "{bad}");
+                            assert!(reason.contains("plain file name"), "{reason}");
+                        }
+                        other => panic!("{key} = {bad:?}: expected BadValue, got {other}"),
+                    }
+                    assert!(err.to_string().contains(key), "{err}");
+                }
+            }
+        }
+        let c = parse(&with(
+            r#""visual":"..visual.hbm","tokenizer":"tok.json","mrope_section":[1,1,1]"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            c.visual,
+            Some(PathBuf::from("/pkg/..visual.hbm")),
+            "a plain name"
+        );
+        assert_eq!(c.tokenizer, PathBuf::from("/pkg/tok.json"));
+    }
+
+    /// Tower sizes the runtime multiplies are refused when their product does not fit.
+    #[test]
+    fn vision_sizes_that_overflow_are_refused() {
+        for (vision, key) in [
+            (
+                r#"{"patch":4294967295,"temporal":4294967295}"#,
+                "vision.patch",
+            ),
+            (r#"{"patch":4294967295}"#, "vision.patch"),
+            (r#"{"patch":65536,"merge":65536}"#, "vision.merge"),
+        ] {
+            match parse(&with(&format!(r#""vision":{vision}"#))) {
+                Err(PackageError::BadValue { key: k, .. }) => assert_eq!(k, key, "{vision}"),
+                other => panic!("{vision}: {other:?}"),
+            }
+        }
+        let c = parse(&with(r#""vision":{"patch":16,"merge":2,"temporal":2}"#)).unwrap();
+        assert_eq!(c.vision.patch, 16);
     }
 
     #[test]

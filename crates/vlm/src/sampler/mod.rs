@@ -18,7 +18,9 @@ mod params;
 
 pub use candidates::argmax;
 pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
-pub use params::{SamplerError, SamplingParams};
+pub use params::{
+    SamplerError, SamplingParams, GREEDY_TEMPERATURE, MIN_ADDITIVE_PENALTY, MIN_REPETITION_PENALTY,
+};
 
 use std::collections::{HashMap, VecDeque};
 
@@ -114,7 +116,7 @@ impl Sampler {
     /// `max(top_k, 512, min_keep)` raw logits are selected (fewer under top-k when every
     /// adjustment can only lower a logit), each candidate gets the repetition / frequency /
     /// presence penalties of the last-n window and its logit bias (biased ids join the
-    /// candidates), then: temperature ≤ 0 takes the best; else softmax at temperature,
+    /// candidates), then: a temperature below [`GREEDY_TEMPERATURE`] takes the best; else softmax at temperature,
     /// top-k, top-p, min-p and locally-typical filtering (each keeping at least
     /// `min_keep`), and a draw from the remaining mass with the seeded ChaCha RNG.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
@@ -129,12 +131,12 @@ impl Sampler {
         }
         let p = Knobs::from(&self.params);
         let penalise = self.params.penalties_active() && !self.counts.is_empty();
-        if p.temperature <= 0.0 && !penalise && self.bias.is_empty() {
+        if p.greedy() && !penalise && self.bias.is_empty() {
             return argmax(logits).ok_or(SamplerError::NothingToSample);
         }
         self.candidates(logits, p, penalise)?;
         let min_keep = p.min_keep.max(1);
-        if p.temperature <= 0.0 {
+        if p.greedy() {
             return Ok(best(&self.cand));
         }
         self.filter(p, min_keep);
@@ -175,6 +177,12 @@ impl Sampler {
             }
             if let Some(b) = self.bias.get(id) {
                 *l += b;
+            }
+            // An adjustment may overflow (a tiny repetition penalty on a huge logit, two
+            // maximal biases on one id); `+inf` would make the softmax NaN. (Not `min`,
+            // which would turn a NaN into a number.)
+            if *l == f32::INFINITY {
+                *l = f32::MAX;
             }
         }
         self.cand
@@ -327,6 +335,12 @@ struct Knobs {
     repetition_penalty: f32,
     frequency_penalty: f32,
     presence_penalty: f32,
+}
+
+impl Knobs {
+    fn greedy(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE
+    }
 }
 
 impl From<&SamplingParams> for Knobs {
@@ -778,6 +792,54 @@ mod tests {
             s.sample_masked(&logits, &TokenMask::new(1000)),
             Err(SamplerError::NothingAllowed)
         );
+    }
+
+    /// A positive temperature too small to invert (`1 / t` = inf below about 3e-39) is greedy,
+    /// as is anything below 1e-6: the best candidate, never the worst one a NaN softmax
+    /// would leave to the draw.
+    #[test]
+    fn a_tiny_temperature_is_greedy() {
+        let logits = [0.5f32, 3.0, 1.0, -2.0];
+        for t in [1e-39f32, f32::MIN_POSITIVE, 1e-20, 9e-7] {
+            let mut s = seeded(SamplingParams {
+                temperature: t,
+                top_k: 3,
+                ..Default::default()
+            });
+            assert!(s.params().greedy(), "{t}");
+            for _ in 0..20 {
+                assert_eq!(s.sample(&logits).unwrap(), 1, "temperature {t}");
+            }
+        }
+        let warm = SamplingParams {
+            temperature: GREEDY_TEMPERATURE,
+            ..Default::default()
+        };
+        assert!(!warm.greedy());
+    }
+
+    /// The smallest repetition penalty on a huge logit, and two maximal biases on one id,
+    /// overflow to `+inf`; the candidate stays the finite best, so the draw takes it instead
+    /// of the last candidate of a NaN softmax.
+    #[test]
+    fn an_overflowing_adjustment_stays_finite() {
+        let mut s = seeded(SamplingParams {
+            temperature: 1.0,
+            repetition_penalty: 0.01,
+            ..Default::default()
+        });
+        s.accept(0);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&[1e37, 1.0, 0.5]).unwrap(), 0);
+        }
+        let mut s = seeded(SamplingParams {
+            temperature: 0.7,
+            logit_bias: vec![(2, f32::MAX), (2, f32::MAX)],
+            ..Default::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&[3.0, 1.0, 0.5]).unwrap(), 2);
+        }
     }
 
     #[test]

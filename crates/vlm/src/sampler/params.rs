@@ -6,6 +6,20 @@
 //! The two predicates at the end are facts about the settings, not about a token: they
 //! decide how much of the logits row the sampler has to look at.
 
+/// Temperatures below this take the best candidate, as 0 does: `1 / t` of a tiny positive
+/// `t` overflows to infinity (below about 3e-39) and the softmax turns to NaN, and anything
+/// this cold is greedy in effect anyway.
+pub const GREEDY_TEMPERATURE: f32 = 1e-6;
+
+/// The smallest `repetition_penalty` accepted. A penalised positive logit is divided by it,
+/// so a value near 0 would blow an ordinary logit up to infinity; 0.01 still lets a caller
+/// favour repeats a hundredfold.
+pub const MIN_REPETITION_PENALTY: f64 = 0.01;
+
+/// The most negative `frequency_penalty` and `presence_penalty` accepted: a negative
+/// penalty raises a logit, and one of -100 already makes a repeated id certain.
+pub const MIN_ADDITIVE_PENALTY: f32 = -100.0;
+
 /// Errors of sampling.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum SamplerError {
@@ -30,7 +44,8 @@ pub enum SamplerError {
 /// Sampling settings; `Default` is the contract's (greedy, nothing else active).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
-    /// ≤ 0: take the best candidate.
+    /// Below [`GREEDY_TEMPERATURE`] (1e-6; 0 and negatives included): take the best
+    /// candidate.
     pub temperature: f32,
     /// 0 = off.
     pub top_k: usize,
@@ -43,11 +58,13 @@ pub struct SamplingParams {
     pub min_keep: usize,
     /// Penalty window in generated tokens; negative = the whole history, 0 = no penalties.
     pub penalty_last_n: i32,
-    /// Divides positive / multiplies negative logits of tokens in the window; 1 = off.
+    /// Divides positive / multiplies negative logits of tokens in the window; 1 = off; at
+    /// least [`MIN_REPETITION_PENALTY`] (0.01).
     pub repetition_penalty: f32,
-    /// Subtracted once per occurrence in the window.
+    /// Subtracted once per occurrence in the window; at least [`MIN_ADDITIVE_PENALTY`] (-100).
     pub frequency_penalty: f32,
-    /// Subtracted once if the token occurs in the window (additive, as the model card means).
+    /// Subtracted once if the token occurs in the window (additive, as the model card means);
+    /// at least [`MIN_ADDITIVE_PENALTY`] (-100).
     pub presence_penalty: f32,
     /// Added to a token's logit; `f32::NEG_INFINITY` bans it.
     pub logit_bias: Vec<(u32, f32)>,
@@ -139,25 +156,34 @@ impl SamplingParams {
         check(
             "repetition_penalty",
             self.repetition_penalty,
-            self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0,
-            "> 0",
+            // Compared in f32, so that the f32 nearest 0.01 (what a request's 0.01 becomes)
+            // is accepted.
+            self.repetition_penalty.is_finite()
+                && self.repetition_penalty >= MIN_REPETITION_PENALTY as f32,
+            ">= 0.01",
         )?;
         check(
             "frequency_penalty",
             self.frequency_penalty,
-            self.frequency_penalty.is_finite(),
-            "finite",
+            self.frequency_penalty.is_finite() && self.frequency_penalty >= MIN_ADDITIVE_PENALTY,
+            "finite, >= -100",
         )?;
         check(
             "presence_penalty",
             self.presence_penalty,
-            self.presence_penalty.is_finite(),
-            "finite",
+            self.presence_penalty.is_finite() && self.presence_penalty >= MIN_ADDITIVE_PENALTY,
+            "finite, >= -100",
         )?;
         for &(_, b) in &self.logit_bias {
             check("logit_bias", b, b != f32::INFINITY, "finite or -inf")?;
         }
         Ok(())
+    }
+
+    /// Whether the best candidate is taken (the temperature is below
+    /// [`GREEDY_TEMPERATURE`]).
+    pub fn greedy(&self) -> bool {
+        self.temperature < GREEDY_TEMPERATURE
     }
 
     /// Whether penalties and biases can only lower a logit (the usual settings): then the
@@ -216,5 +242,50 @@ mod tests {
         ] {
             assert!(Sampler::new(p.clone()).is_err(), "{p:?}");
         }
+    }
+
+    /// Penalties near the values that overflow a logit are refused, naming the parameter and
+    /// its bound; the bounds themselves are accepted.
+    #[test]
+    fn penalties_have_lower_bounds() {
+        let refused = |p: SamplingParams| match p.validate() {
+            Err(SamplerError::BadParam { name, range, .. }) => (name, range),
+            other => panic!("{p:?}: {other:?}"),
+        };
+        for rp in [0.009, 1e-6, 1e-30, f32::MIN_POSITIVE] {
+            let p = SamplingParams {
+                repetition_penalty: rp,
+                ..Default::default()
+            };
+            assert_eq!(refused(p), ("repetition_penalty", ">= 0.01"));
+        }
+        let p = SamplingParams {
+            presence_penalty: -100.5,
+            ..Default::default()
+        };
+        assert_eq!(refused(p), ("presence_penalty", "finite, >= -100"));
+        let p = SamplingParams {
+            frequency_penalty: -1e30,
+            ..Default::default()
+        };
+        assert_eq!(refused(p), ("frequency_penalty", "finite, >= -100"));
+        let at_the_bounds = SamplingParams {
+            repetition_penalty: 0.01,
+            presence_penalty: -100.0,
+            frequency_penalty: -100.0,
+            ..Default::default()
+        };
+        assert_eq!(at_the_bounds.validate(), Ok(()));
+        let e = SamplingParams {
+            repetition_penalty: 0.001,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("repetition_penalty") && e.contains(">= 0.01"),
+            "{e}"
+        );
     }
 }

@@ -27,4 +27,7 @@ pub enum VisionError {
     },
     #[error("patchify: {0}")]
     Patchify(String),
+    /// A size of the geometry (from a package or a graph's shape) whose product overflows.
+    #[error("tower geometry overflows: {0}")]
+    Overflow(String),
 }

@@ -16,20 +16,29 @@ pub struct Geometry {
 }
 
 impl Geometry {
-    /// Checks that the bucket splits into whole merge blocks.
+    /// Checks that the bucket splits into whole merge blocks, and that the tower input's
+    /// size in bytes (`4·3·T·side²`, which bounds every other product of the geometry: `P`
+    /// divides `side`) fits a `usize`, so the methods below need no checks of their own.
     pub fn new(
         side: usize,
         patch: usize,
         merge: usize,
         temporal: usize,
     ) -> Result<Self, VisionError> {
-        if side == 0
-            || patch == 0
-            || merge == 0
-            || temporal == 0
-            || !side.is_multiple_of(patch * merge)
-        {
+        let block = patch
+            .checked_mul(merge)
+            .ok_or_else(|| VisionError::Overflow(format!("patch {patch} × merge {merge}")))?;
+        if side == 0 || patch == 0 || merge == 0 || temporal == 0 || !side.is_multiple_of(block) {
             return Err(VisionError::BadGeometry { side, patch, merge });
+        }
+        let bytes = side
+            .checked_mul(side)
+            .and_then(|x| x.checked_mul(temporal))
+            .and_then(|x| x.checked_mul(3 * 4));
+        if bytes.is_none() {
+            return Err(VisionError::Overflow(format!(
+                "3 × temporal {temporal} × {side}² f32 values"
+            )));
         }
         Ok(Self {
             side,
@@ -48,9 +57,19 @@ impl Geometry {
         merge: usize,
         temporal: usize,
     ) -> Result<Self, VisionError> {
+        let overflow = || {
+            VisionError::Overflow(format!(
+                "{n_patch} patches of patch {patch}, temporal {temporal}"
+            ))
+        };
         let grid = (n_patch as f64).sqrt().round() as usize;
-        let side = grid * patch;
-        if grid * grid != n_patch || row_len != 3 * temporal * patch * patch {
+        let side = grid.checked_mul(patch).ok_or_else(overflow)?;
+        let want_row = patch
+            .checked_mul(patch)
+            .and_then(|x| x.checked_mul(temporal))
+            .and_then(|x| x.checked_mul(3))
+            .ok_or_else(overflow)?;
+        if grid.checked_mul(grid) != Some(n_patch) || row_len != want_row {
             return Err(VisionError::BadGeometry { side, patch, merge });
         }
         Self::new(side, patch, merge, temporal)
@@ -154,6 +173,24 @@ mod tests {
             "336 is not a multiple of 32"
         );
         assert_eq!(Geometry::new(448, 16, 2, 2).unwrap().n_tokens(), 196);
+    }
+
+    /// Sizes from a package or a graph's shape whose products overflow are an error, never
+    /// a panic or a wrapped size.
+    #[test]
+    fn overflowing_geometry_is_an_error() {
+        let big = usize::MAX / 2 + 1;
+        for r in [
+            Geometry::new(big, big, 2, 1),
+            Geometry::new(1 << 40, 1 << 20, 2, 1),
+            Geometry::new(1 << 32, 16, 2, 2),
+            Geometry::from_tower_input(400, 1536, big, 2, 2),
+            Geometry::from_tower_input(400, 1536, 1 << 31, 2, 1 << 40),
+        ] {
+            assert!(matches!(r, Err(VisionError::Overflow(_))), "{r:?}");
+        }
+        let r = Geometry::from_tower_input(usize::MAX, 1536, 16, 2, 2);
+        assert!(matches!(r, Err(VisionError::BadGeometry { .. })), "{r:?}");
     }
 
     /// Independent reference: the flat output index decomposed as the HF processor's
