@@ -130,11 +130,8 @@ fn a_stopped_turn_stops_before_its_system_block_runs() {
         turn.system = Some("Answer in one word.".into());
         turn.keep = true;
         stop(&mut turn);
-        let mut last = None;
         let before = runs();
-        let r = a
-            .ask(None, &turn, &mut |e| last = Some(format!("{e:?}")))
-            .unwrap();
+        let r = a.ask(None, &turn, &mut |_| {}).unwrap();
         assert_eq!(r.completion.finish_reason, reason);
         assert!(r.completion.tokens.is_empty());
         assert!(
@@ -147,7 +144,6 @@ fn a_stopped_turn_stops_before_its_system_block_runs() {
             cached,
             "{reason:?}: a block was cached"
         );
-        assert!(last.is_some(), "{reason:?}: the stream was not finished");
         // The same block, not stopped: prefilled, cached and answered.
         let mut again = Turn::new("hi", 2);
         again.system = turn.system.clone();
