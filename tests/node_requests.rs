@@ -120,6 +120,7 @@ fn set_refused(case: &str, r: &Value) -> String {
 async fn requests_are_held_to_the_node_caps_and_the_system_prompt_to_its_bound(
 ) -> anyhow::Result<()> {
     let (rep, _log) = run("caps").await?;
+    let rep = &rep["caps"];
     refused_naming(
         "timeout above",
         &rep["timeout_above"],
