@@ -117,11 +117,16 @@ fn a_system_block_longer_than_the_window_is_refused_before_it_is_embedded() {
 
 #[test]
 fn a_stopped_turn_stops_before_its_system_block_runs() {
-    let cancelled = |t: &mut Turn| t.cancel = Some(Arc::new(AtomicBool::new(true)));
-    let expired = |t: &mut Turn| t.deadline = Some(Instant::now());
-    let cases: [(FinishReason, &dyn Fn(&mut Turn)); 2] = [
-        (FinishReason::Cancelled, &cancelled),
-        (FinishReason::Timeout, &expired),
+    fn cancelled(t: &mut Turn) {
+        t.cancel = Some(Arc::new(AtomicBool::new(true)));
+    }
+    fn expired(t: &mut Turn) {
+        t.deadline = Some(Instant::now());
+    }
+    type Stop = fn(&mut Turn);
+    let cases: [(FinishReason, Stop); 2] = [
+        (FinishReason::Cancelled, cancelled),
+        (FinishReason::Timeout, expired),
     ];
     for (reason, stop) in cases {
         let (_d, mut a, _) = assistant();
