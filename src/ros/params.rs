@@ -606,6 +606,7 @@ mod tests {
         let names = [
             "max_image_age_s",
             "request_timeout_s",
+            "max_request_timeout_s",
             "diagnostics_period_s",
             "session_idle_s",
         ];
@@ -625,7 +626,11 @@ mod tests {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Double(1e6))]);
             assert!(Params::from_values(&given).is_ok(), "{name} = 1e6");
         }
-        for name in ["diagnostics_period_s", "session_idle_s"] {
+        for name in [
+            "diagnostics_period_s",
+            "session_idle_s",
+            "max_request_timeout_s",
+        ] {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Double(0.0))]);
             assert_eq!(Params::from_values(&given).unwrap_err().name, name);
         }
