@@ -12,11 +12,12 @@ use std::time::Instant;
 
 use bpu_vlm::interface::ErrorCode;
 use bpu_vlm::msgs::srv::Ask;
+use bpu_vlm::ros::params::Params;
 use camera_frame::{CameraCache, Frame, ImageMsg, Limits, Stamp};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use vlm::engine::ImageInput;
 
-use planning::{cameras, params, plan, refusal, schemas, valid, Mutation};
+use planning::{cameras, params, plan, refusal, refusal_with, schemas, valid, Mutation};
 
 #[test]
 fn the_valid_request_is_planned() {
@@ -34,11 +35,77 @@ fn the_valid_request_is_planned() {
         Box::new(|r| r.top_p = 1.0),
         Box::new(|r| r.min_p = 1.0),
     ];
+    // A timeout of 1e9 s is a time limit; the node takes it when its cap allows.
+    let mut p = params();
+    p.max_request_timeout_s = 1e9;
     for (i, edit) in edges.iter().enumerate() {
         let mut r = valid();
         edit(&mut r);
-        assert_eq!(refusal(r), None, "edge {i}");
+        assert_eq!(refusal_with(r, &p), None, "edge {i}");
     }
+}
+
+/// A request may ask for less time and fewer tokens than the node's caps, never more: above
+/// a cap it is refused naming the parameter, at the cap it is planned; the sentinels get the
+/// node's defaults, and "no limit" (`timeout_s` 0) gets the cap.
+#[test]
+fn timeout_and_new_tokens_are_capped_by_the_node() {
+    let p = params();
+    assert_eq!(
+        (p.max_request_timeout_s, p.max_request_new_tokens),
+        (600.0, 4096)
+    );
+    let over: [(&str, Mutation); 3] = [
+        ("max_request_timeout_s", Box::new(|r| r.timeout_s = 600.5)),
+        ("max_request_timeout_s", Box::new(|r| r.timeout_s = 1e9)),
+        (
+            "max_request_new_tokens",
+            Box::new(|r| r.max_new_tokens = 4097),
+        ),
+    ];
+    for (param, edit) in over {
+        let mut r = valid();
+        edit(&mut r);
+        let m = refusal(r).unwrap_or_else(|| panic!("planned above {param}"));
+        assert!(m.contains(param), "{m}");
+    }
+    let t0 = Instant::now();
+    let planned = |edit: &dyn Fn(&mut Ask::Request), p: &Params| {
+        let mut r = valid();
+        edit(&mut r);
+        plan(r, p, None, Some(schemas()), t0).unwrap().turn
+    };
+    let secs = |t: &vlm::assistant::Turn| t.deadline.map(|d| (d - t0).as_secs_f64());
+    let at_cap = planned(
+        &|r| {
+            r.timeout_s = 600.0;
+            r.max_new_tokens = 4096;
+        },
+        &p,
+    );
+    assert_eq!((secs(&at_cap), at_cap.max_new_tokens), (Some(600.0), 4096));
+    let less = planned(
+        &|r| {
+            r.timeout_s = 5.0;
+            r.max_new_tokens = 7;
+        },
+        &p,
+    );
+    assert_eq!((secs(&less), less.max_new_tokens), (Some(5.0), 7));
+    let sentinels = planned(&|r| r.max_new_tokens = 0, &p);
+    assert_eq!(
+        (secs(&sentinels), sentinels.max_new_tokens),
+        (Some(120.0), 256)
+    );
+    assert_eq!(secs(&planned(&|r| r.timeout_s = 0.0, &p)), Some(600.0));
+    // The node's own defaults above the caps are cut to them.
+    let mut high = params();
+    high.request_timeout_s = 0.0;
+    high.max_new_tokens = 32768;
+    let cut = planned(&|_| {}, &high);
+    assert_eq!((secs(&cut), cut.max_new_tokens), (Some(600.0), 4096));
+    high.request_timeout_s = 1e6;
+    assert_eq!(secs(&planned(&|_| {}, &high)), Some(600.0));
 }
 
 /// One bad number at a time: refused with `invalid_request`, the message naming the field.

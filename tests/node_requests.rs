@@ -106,3 +106,62 @@ async fn node_refuses_bad_numbers_and_oversized_requests_naming_them() -> anyhow
     }
     Ok(())
 }
+
+fn set_refused(case: &str, r: &Value) -> String {
+    assert_eq!(r["successful"], false, "{case}: {r}");
+    r["reason"].as_str().unwrap().to_owned()
+}
+
+/// A request may ask for less time and fewer tokens than `max_request_timeout_s` and
+/// `max_request_new_tokens` allow, never more; both caps apply from the next ask when set at
+/// run time, and the node's own default above a cap is cut to it. The `system_prompt`
+/// parameter is held to `max_prompt_bytes` (issue 23, items 5 and 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_held_to_the_node_caps_and_the_system_prompt_to_its_bound(
+) -> anyhow::Result<()> {
+    let (rep, _log) = run("caps").await?;
+    let rep = &rep["caps"];
+    refused_naming(
+        "timeout above",
+        &rep["timeout_above"],
+        "max_request_timeout_s",
+    );
+    refused_naming(
+        "tokens above",
+        &rep["tokens_above"],
+        "max_request_new_tokens",
+    );
+    answered("at the caps", &rep["at_caps"]);
+    answered("timeout_s 0", &rep["no_limit"]);
+    for case in ["set_tokens_cap", "set_timeout_cap", "system_prompt_ok"] {
+        assert_eq!(rep[case]["successful"], true, "{case}: {}", rep[case]);
+    }
+    refused_naming(
+        "tokens above the set cap",
+        &rep["tokens_above_set"],
+        "max_request_new_tokens",
+    );
+    refused_naming(
+        "timeout above the set cap",
+        &rep["timeout_above_set"],
+        "max_request_timeout_s",
+    );
+    answered("the default cut to the cap", &rep["default_tokens"]);
+    let cut = &rep["default_tokens"]["response"];
+    assert_eq!(cut["completion_tokens"], 3, "{cut}");
+    assert_eq!(cut["finish_reason"], "length", "{cut}");
+
+    let long = set_refused("long system_prompt", &rep["system_prompt_long"]);
+    assert!(
+        long.contains("system_prompt") && long.contains("max_prompt_bytes"),
+        "{long}"
+    );
+    let below = set_refused("max_prompt_bytes below", &rep["max_prompt_bytes_below"]);
+    assert!(below.contains("max_prompt_bytes"), "{below}");
+    let after = &rep["after"];
+    assert_eq!(after["system_prompt"]["value"], "Be brief.", "{after}");
+    assert_eq!(after["max_prompt_bytes"]["value"], 65536, "{after}");
+    assert_eq!(after["max_request_new_tokens"]["value"], 3, "{after}");
+    answered("after the sets", &rep["answer_after"]);
+    Ok(())
+}

@@ -51,6 +51,26 @@ fn limit_secs(v: f64, default: f64, name: &str) -> Result<Option<Duration>, Fail
     })
 }
 
+/// The time limit of a request: `-1` = `request_timeout_s`, `0` = as long as
+/// `max_request_timeout_s` allows; above that cap it is refused naming the parameter. The
+/// node's own default (or its "none") is cut to the cap, so no request holds the worker
+/// longer than the cap whatever the parameters say.
+fn request_timeout(v: f64, p: &Params) -> Result<Option<Duration>, Failure> {
+    let asked = limit_secs(v, p.request_timeout_s, "timeout_s")?;
+    // A hand-built `Params` may hold a cap that is no time limit: then there is none.
+    let Ok(Some(cap)) = time_limit(p.max_request_timeout_s) else {
+        return Ok(asked);
+    };
+    match asked {
+        Some(t) if t > cap && v != -1.0 => Err(invalid(format!(
+            "timeout_s {v} is above the limit of {} s (parameter max_request_timeout_s)",
+            p.max_request_timeout_s
+        ))),
+        Some(t) => Ok(Some(t.min(cap))),
+        None => Ok(Some(cap)),
+    }
+}
+
 /// The sampling settings of a request over the node's defaults.
 pub(crate) fn sampling(req: &Ask::Request, p: &Params) -> Result<SamplingParams, Failure> {
     let s = SamplingParams {
@@ -119,6 +139,12 @@ fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
             req.max_new_tokens
         )));
     }
+    if req.max_new_tokens > p.max_request_new_tokens {
+        return Err(invalid(format!(
+            "max_new_tokens {} is above the limit of {} (parameter max_request_new_tokens)",
+            req.max_new_tokens, p.max_request_new_tokens
+        )));
+    }
     let structured = !req.json_schema.is_empty();
     let thinking = match req.enable_thinking {
         // A schema answer thinks only when the request asks: a planner waits for the value.
@@ -131,7 +157,7 @@ fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
     if structured {
         sampling = structured::sampling(sampling, &req);
     }
-    let timeout = limit_secs(req.timeout_s, p.request_timeout_s, "timeout_s")?;
+    let timeout = request_timeout(req.timeout_s, p)?;
     let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
     let tools = if req.tools_json.trim().is_empty() {
         Vec::new()
@@ -175,7 +201,7 @@ fn finish(
         tools,
     } = checked;
     let max_new_tokens = if req.max_new_tokens == 0 {
-        p.max_new_tokens
+        p.default_new_tokens()
     } else {
         req.max_new_tokens
     };

@@ -164,11 +164,16 @@ declare! {
     max_image_age_s: f64 = d(0.0), Kind::Seconds(AT_LEAST_0), NextAsk,
         "Refuse (`stale_image`) a camera frame older than this, in seconds; 0 = no limit.";
     system_prompt: Option<String> = s(""), Kind::Text, NextAsk,
-        "System prompt of fresh conversations; empty = the package's `chat.system`.";
+        "System prompt of fresh conversations; empty = the package's `chat.system`. At most \
+        `max_prompt_bytes` UTF-8 bytes (a longer value is refused).";
     enable_thinking: bool = b(false), Kind::Bool, NextAsk,
         "Think before answering (`<think>`); off by default on a robot.";
     max_new_tokens: u32 = i(256), Kind::Int { min: 1, max: MAX_NEW_TOKENS_LIMIT as i64 }, NextAsk,
-        "Default cap on generated tokens per ask.";
+        "Default cap on generated tokens per ask (cut to `max_request_new_tokens` when above it).";
+    max_request_new_tokens: u32 = i(4096),
+        Kind::Int { min: 1, max: MAX_NEW_TOKENS_LIMIT as i64 }, NextAsk,
+        "Most generated tokens one ask may ask for: a `max_new_tokens` above it is \
+        `invalid_request`, so no client holds the worker longer than the node allows.";
     temperature: f32 = d(0.7), Kind::Real(AT_LEAST_0), NextAsk,
         "Default sampling temperature (below 1e-6, 0 included, = greedy). Defaults follow the \
         Qwen3.5 model card's non-thinking setting.";
@@ -188,13 +193,16 @@ declare! {
         "Requests held at once, the running one included; one more gets `busy` at once.";
     request_timeout_s: f64 = d(120.0), Kind::Seconds(AT_LEAST_0), NextAsk,
         "Default time limit of an ask from its arrival (queue wait included), in seconds; 0 = \
-        none.";
+        as long as `max_request_timeout_s` allows (a value above it is cut to it).";
+    max_request_timeout_s: f64 = d(600.0), Kind::Seconds(ABOVE_0), NextAsk,
+        "Longest time limit one ask may have, in seconds: a `timeout_s` above it is \
+        `invalid_request`, and `timeout_s` 0 (no limit) gets this one.";
     max_request_images: usize = i(4), Kind::Int { min: 0, max: 64 }, NextAsk,
         "Most images one ask may send (`images` and `compressed_images` together); more is \
         `invalid_request`.";
     max_prompt_bytes: usize = i(65536), Kind::Int { min: 1, max: 1 << 24 }, NextAsk,
         "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes; longer is \
-        `invalid_request`.";
+        `invalid_request`. Also bounds the `system_prompt` parameter.";
     max_stop_strings: usize = i(16), Kind::Int { min: 0, max: 1024 }, NextAsk,
         "Most `stop` strings of an ask, each at most 256 bytes; more is `invalid_request`. The \
         stop filter's cost grows with them (BENCHMARKS.md).";
@@ -371,7 +379,29 @@ impl Params {
             });
         }
         p.check_sampling_defaults()?;
+        p.check_system_prompt()?;
         Ok(p)
+    }
+
+    /// Any peer may set `system_prompt`, and the idle priming embeds it with no ask at all:
+    /// it is held to the bound an ask's own `system_prompt` has.
+    fn check_system_prompt(&self) -> Result<(), ParamError> {
+        match &self.system_prompt {
+            Some(text) if text.len() > self.max_prompt_bytes => Err(ParamError {
+                name: "system_prompt",
+                reason: format!(
+                    "{} bytes, above the limit of {} (parameter max_prompt_bytes)",
+                    text.len(),
+                    self.max_prompt_bytes
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The `max_new_tokens` an ask that gives none gets: the default, cut to the cap.
+    pub fn default_new_tokens(&self) -> u32 {
+        self.max_new_tokens.min(self.max_request_new_tokens)
     }
 
     /// The runtime's own check of the defaults an ask without sampling fields uses: a value
@@ -582,6 +612,7 @@ mod tests {
         let names = [
             "max_image_age_s",
             "request_timeout_s",
+            "max_request_timeout_s",
             "diagnostics_period_s",
             "session_idle_s",
         ];
@@ -601,7 +632,11 @@ mod tests {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Double(1e6))]);
             assert!(Params::from_values(&given).is_ok(), "{name} = 1e6");
         }
-        for name in ["diagnostics_period_s", "session_idle_s"] {
+        for name in [
+            "diagnostics_period_s",
+            "session_idle_s",
+            "max_request_timeout_s",
+        ] {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Double(0.0))]);
             assert_eq!(Params::from_values(&given).unwrap_err().name, name);
         }
@@ -669,6 +704,54 @@ mod tests {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Integer(bad))]);
             assert_eq!(Params::from_values(&given).unwrap_err().name, name, "{bad}");
         }
+    }
+
+    /// Any peer may set `system_prompt`: it is held to `max_prompt_bytes`, whichever of the
+    /// two is given, and the refusal says why.
+    #[test]
+    fn the_system_prompt_parameter_is_held_to_max_prompt_bytes() {
+        let at = HashMap::from([
+            ("system_prompt".to_owned(), s(&"s".repeat(8))),
+            ("max_prompt_bytes".to_owned(), i(8)),
+        ]);
+        assert!(Params::from_values(&at).is_ok());
+        let mut over = at.clone();
+        over.insert("system_prompt".to_owned(), s(&"s".repeat(9)));
+        let e = Params::from_values(&over).unwrap_err();
+        assert_eq!(e.name, "system_prompt");
+        assert!(e.reason.contains("max_prompt_bytes"), "{e}");
+        let mut lowered = at;
+        lowered.insert("max_prompt_bytes".to_owned(), i(7));
+        assert!(Params::from_values(&lowered).is_err());
+        let long = HashMap::from([("system_prompt".to_owned(), s(&"s".repeat(65537)))]);
+        assert_eq!(
+            Params::from_values(&long).unwrap_err().name,
+            "system_prompt"
+        );
+    }
+
+    /// The caps on what a request may ask for; a default above a cap is accepted (and cut to
+    /// it per ask), so lowering a cap at run time is never refused.
+    #[test]
+    fn request_caps_and_defaults_above_them() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(
+            (p.max_request_timeout_s, p.max_request_new_tokens),
+            (600.0, 4096)
+        );
+        assert_eq!(p.default_new_tokens(), 256);
+        let given = HashMap::from([
+            ("max_new_tokens".to_owned(), i(8192)),
+            ("request_timeout_s".to_owned(), d(1000.0)),
+            ("max_request_timeout_s".to_owned(), d(1.0)),
+        ]);
+        let p = Params::from_values(&given).unwrap();
+        assert_eq!(p.default_new_tokens(), 4096);
+        let zero = HashMap::from([("max_request_timeout_s".to_owned(), d(0.0))]);
+        assert_eq!(
+            Params::from_values(&zero).unwrap_err().name,
+            "max_request_timeout_s"
+        );
     }
 
     #[test]

@@ -11,6 +11,9 @@ like node_peer.py (whose Peer it uses).
             followed by nothing else: the refusals come back, then one good ask
   limits    one ask over each request limit at its default, then one good ask
   all       frames, numbers, limits against one node
+  caps      asks above max_request_timeout_s and max_request_new_tokens, at them and below;
+            the caps and system_prompt set at run time (a system_prompt above
+            max_prompt_bytes is refused with the reason)
 """
 
 import os
@@ -166,9 +169,37 @@ def mode_limits(p, a):
     return rep
 
 
+def mode_caps(p, a):
+    from param_peer import Params  # noqa: E402 (only this mode sets parameters)
+    ps = Params(p, a.node_name)
+    p.wait_ask()
+    rep = {}
+    ask = lambda rid, **f: p.ask(request_id=rid, prompt='hi', camera='none', **f)  # noqa: E731
+    rep['timeout_above'] = ask('c-timeout-above', timeout_s=600.5)
+    rep['tokens_above'] = ask('c-tokens-above', max_new_tokens=4097)
+    rep['at_caps'] = ask('c-at-caps', timeout_s=600.0, max_new_tokens=4)
+    rep['no_limit'] = ask('c-no-limit', timeout_s=0.0, max_new_tokens=4)
+    # Lowered at run time: the next ask is held to the new caps, and the node's default of
+    # 256 new tokens is cut to the cap.
+    rep['set_tokens_cap'] = ps.set('max_request_new_tokens', 3)
+    rep['set_timeout_cap'] = ps.set('max_request_timeout_s', 30)
+    rep['tokens_above_set'] = ask('c-tokens-above-set', max_new_tokens=4)
+    rep['timeout_above_set'] = ask('c-timeout-above-set', timeout_s=31.0)
+    rep['default_tokens'] = p.greedy('c-default-tokens', a.prompt, camera='none',
+                                     max_new_tokens=0, use_default_stop=False)
+    rep['system_prompt_long'] = ps.set('system_prompt', 's' * 65537)
+    rep['system_prompt_ok'] = ps.set('system_prompt', 'Be brief.')
+    rep['max_prompt_bytes_below'] = ps.set('max_prompt_bytes', 4)
+    rep['after'] = ps.get(['system_prompt', 'max_prompt_bytes', 'max_request_new_tokens',
+                           'max_request_timeout_s'])
+    rep['answer_after'] = ask('c-after', max_new_tokens=2)
+    return rep
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['frames', 'numbers', 'limits', 'all'])
+    ap.add_argument('mode', choices=['frames', 'numbers', 'limits', 'all', 'caps'])
+    ap.add_argument('--node-name', default='/vlm_node')
     ap.add_argument('--camera', default='/cam_jpeg')
     ap.add_argument('--compressed-camera', default='/cam_compressed')
     ap.add_argument('--prompt', default='What is in the picture?')
@@ -179,6 +210,7 @@ def main():
     p = Peer(a)
     modes = {'frames': mode_frames, 'numbers': mode_numbers, 'limits': mode_limits}
     chosen = list(modes) if a.mode == 'all' else [a.mode]
+    modes['caps'] = mode_caps
     report_and_exit(lambda: {m: modes[m](p, a) for m in chosen})
 
 

@@ -101,8 +101,13 @@ pub fn valid() -> Ask::Request {
 }
 
 pub fn refusal(req: Ask::Request) -> Option<String> {
+    refusal_with(req, &params())
+}
+
+/// [`refusal`] over parameters `p`.
+pub fn refusal_with(req: Ask::Request, p: &Params) -> Option<String> {
     let t0 = Instant::now();
-    match plan(req, &params(), Some(&cameras(t0)), Some(schemas()), t0) {
+    match plan(req, p, Some(&cameras(t0)), Some(schemas()), t0) {
         Ok(_) => None,
         Err(f) => {
             assert_eq!(f.code, ErrorCode::InvalidRequest, "{}", f.message);

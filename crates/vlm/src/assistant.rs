@@ -378,11 +378,13 @@ impl Assistant {
                     system: turn.system.clone(),
                     tools: turn.tools.clone(),
                 };
-                prefix_rows = self.load_prefix(&opts, &mut || false)?.ok_or_else(|| {
-                    AssistantError::Interrupted {
-                        step: "the system prefix".into(),
-                    }
-                })?;
+                // The turn's cancel and deadline stop the block's prefill as they stop the
+                // prompt's: a long block must not hold the worker past either.
+                let stop = &mut || system_prefix::stopped(turn).is_some();
+                match self.load_prefix(&opts, stop)? {
+                    Some(rows) => prefix_rows = rows,
+                    None => return self.stopped_in_prefix(turn, on_event),
+                }
                 (
                     self.template.render_after_system(&user)?,
                     0,

@@ -1,9 +1,29 @@
 //! The system block of a fresh conversation: restored from [`crate::residency::DecodeStates`]'s
 //! cache of system-block snapshots, or prefilled and cached there.
 
-use super::{Assistant, AssistantError};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{Assistant, AssistantError, Reply, Turn};
 use crate::chat::{Pos3, SystemOptions};
-use crate::engine::Backend;
+use crate::engine::{Backend, ConstraintOutcome, EngineError};
+use crate::sampler::Sampler;
+use crate::stream::{Event, FinishReason, TokenStream};
+
+/// Why `turn` must stop now (its cancel flag, then its deadline), as the token stream says it.
+pub(super) fn stopped(turn: &Turn) -> Option<FinishReason> {
+    if turn
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Relaxed))
+    {
+        return Some(FinishReason::Cancelled);
+    }
+    if turn.deadline.is_some_and(|d| Instant::now() >= d) {
+        return Some(FinishReason::Timeout);
+    }
+    None
+}
 
 impl Assistant {
     /// Bytes the cached system blocks may hold (a front end takes them from the memory it
@@ -21,6 +41,9 @@ impl Assistant {
     /// is there, else prefilled and cached; `interrupt` is asked before each graph call of
     /// the prefill.
     /// Returns the prefix's row count; `None` when `interrupt` stopped it (nothing cached).
+    /// A block longer than the whole window fails with [`EngineError::ContextOverflow`]
+    /// before it is embedded: its rows (`ids × hidden` floats) would be reserved first, and
+    /// the system text may come from a peer.
     pub(super) fn load_prefix(
         &mut self,
         opts: &SystemOptions,
@@ -35,6 +58,16 @@ impl Assistant {
         }
         let ids = self.template.system_prefix(opts)?;
         let backend = &mut **self.engine.backend_mut();
+        // The whole window is free after the reset below; checked first so a refused block
+        // leaves the state (and what the residency says of it) untouched.
+        let left = backend.info().context;
+        if ids.len() > left {
+            return Err(EngineError::ContextOverflow {
+                needed: ids.len(),
+                left,
+            }
+            .into());
+        }
         backend.reset()?;
         let mut rows = Vec::new();
         backend.embed(&ids, &mut rows)?;
@@ -49,5 +82,32 @@ impl Assistant {
             "system prefix prefilled and cached"
         );
         Ok(Some(ids.len()))
+    }
+
+    /// The reply of a fresh turn stopped (cancel, deadline) while its system block was
+    /// prefilled: nothing generated and nothing kept, as when the prompt's own prefill is
+    /// stopped, so the front end ends the request `cancelled` or `timeout` as any other.
+    pub(super) fn stopped_in_prefix(
+        &mut self,
+        turn: &Turn,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Reply, AssistantError> {
+        // Part of the block ran: the state holds nothing a label describes.
+        self.states.touched();
+        let sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        let reason = stopped(turn).unwrap_or(FinishReason::Cancelled);
+        let tokenizer = self.engine.tokenizer().clone();
+        let ts = TokenStream::new(tokenizer, self.stream_config(turn, false));
+        let completion = ts.finish(reason, on_event).map_err(EngineError::from)?;
+        tracing::debug!(?reason, "turn stopped during its system prefix");
+        Ok(Reply {
+            completion,
+            conversation: None,
+            seed: sampler.seed(),
+            constraint: turn
+                .json_schema
+                .as_ref()
+                .map(|_| ConstraintOutcome::Incomplete),
+        })
     }
 }
