@@ -223,51 +223,87 @@ fn finish(
     })
 }
 
-/// Checks a request and builds its job (without the queue slot and response channel).
+/// Checks a request and builds its job (without the queue slot and response channel), as
+/// the node does but with the queue's room only probed, and only for a schema it would
+/// compile: planning on its own (the tests') takes no place in the queue.
 /// The turn's `cancel` is left unset: the flag comes with the queue slot. The request is
 /// consumed: its prompt, stop strings and images move into the job without a copy.
 /// `ctx.cameras` is `None` when the node runs without vision; `ctx.schemas` compiles a
 /// `json_schema` for the served model (`None` before a model is loaded).
-///
-/// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take long for a large uncached one, so it runs on the blocking
-/// pool, not on the runtime's two threads that also serve other asks, the action loop,
-/// `vlm/cancel` and diagnostics. A request whose schema would compile while the queue is
-/// full is refused `busy` before compiling; at most `structured::COMPILES_AT_ONCE`
-/// compile at once, and later ones wait their turn without holding a thread.
 pub async fn plan_async(
     req: Ask::Request,
     p: Arc<Params>,
     ctx: &AskContext,
     now: Instant,
 ) -> Result<JobPlan, Failure> {
-    let mut checked = check(req, &p)?;
-    let json_schema = match (&ctx.schemas, checked.req.json_schema.is_empty()) {
-        (Some(schemas), false) => {
+    let compiles = ctx.schemas.is_some() && !req.json_schema.is_empty();
+    let probe = || {
+        if compiles {
             ctx.registry
                 .room()
-                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))?;
-            // The semaphore is never closed; a closed one would only mean no limit.
-            let _permit = ctx.compiles.acquire().await;
-            let text = std::mem::take(&mut checked.req.json_schema);
-            let schemas = Arc::clone(schemas);
-            let compiled =
-                tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas)))
-                    .await;
-            match compiled {
-                Ok(r) => r?,
-                // A panic in the compiler is the request's, as it was on the handler's task.
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => {
-                    return Err(Failure::new(
-                        ErrorCode::NotReady,
-                        format!("json_schema: the compile was stopped: {e}"),
-                    ))
-                }
-            }
+                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))
+        } else {
+            Ok(())
         }
-        (schemas, _) => structured::compile(&checked.req.json_schema, schemas.as_deref())?,
     };
-    finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)
+    plan_admitted(req, p, ctx, now, probe)
+        .await
+        .map(|(plan, ())| plan)
+}
+
+/// The node's planning: the cheap checks, then `admit` — the request's place in the queue,
+/// taken before anything costly or large (a schema's compile, the images) — then the rest.
+/// So at most `queue_depth` requests (compiling, queued or running) hold memory, and any
+/// other gets `busy` at once; a refusal after `admit` drops what it returned (the place
+/// is free before the refusal goes out).
+///
+/// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take
+/// long for a large uncached one, so it runs on the blocking pool, not on the runtime's two
+/// threads that also serve other asks, the action loop, `vlm/cancel` and diagnostics; at
+/// most `structured::COMPILES_AT_ONCE` compile at once, and later ones wait their turn
+/// without holding a thread.
+pub(crate) async fn plan_admitted<A>(
+    req: Ask::Request,
+    p: Arc<Params>,
+    ctx: &AskContext,
+    now: Instant,
+    admit: impl FnOnce() -> Result<A, Failure>,
+) -> Result<(JobPlan, A), Failure> {
+    let mut checked = check(req, &p)?;
+    let admitted = admit()?;
+    let json_schema = compile_schema(&mut checked, ctx).await?;
+    let plan = finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)?;
+    Ok((plan, admitted))
+}
+
+/// The request's schema compiled (off the runtime when a model is loaded), `None` for free
+/// text.
+async fn compile_schema(
+    checked: &mut Checked,
+    ctx: &AskContext,
+) -> Result<Option<Arc<JsonSchema>>, Failure> {
+    let Some(schemas) = ctx
+        .schemas
+        .as_ref()
+        .filter(|_| !checked.req.json_schema.is_empty())
+    else {
+        return structured::compile(&checked.req.json_schema, ctx.schemas.as_deref());
+    };
+    // The semaphore is never closed; a closed one would only mean no limit.
+    let _permit = ctx.compiles.acquire().await;
+    let text = std::mem::take(&mut checked.req.json_schema);
+    let schemas = Arc::clone(schemas);
+    let compiled =
+        tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas))).await;
+    match compiled {
+        Ok(r) => r,
+        // A panic in the compiler is the request's, as it was on the handler's task.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Failure::new(
+            ErrorCode::NotReady,
+            format!("json_schema: the compile was stopped: {e}"),
+        )),
+    }
 }
 
 fn pick_images(
