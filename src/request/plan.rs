@@ -456,6 +456,71 @@ mod tests {
             .is_ok());
     }
 
+    /// The node's order: the cheap checks, then the place in the queue, then the compile.
+    /// A request a check refuses takes no place; one waiting to compile holds its place, so
+    /// the next is `busy` at once; one refused after admission gives its place back.
+    #[tokio::test]
+    async fn the_place_is_taken_before_the_compile_and_given_back_on_refusal() {
+        let ctx = context(1);
+        let now = Instant::now();
+        let admit = |id: &'static str| {
+            let registry = Arc::clone(&ctx.registry);
+            move || {
+                registry
+                    .admit(id)
+                    .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))
+            }
+        };
+        let mut bad = request(r#"{"type": "integer"}"#);
+        bad.prompt.clear();
+        let never = || -> Result<(), Failure> { panic!("a place for a request the checks refuse") };
+        let f = plan_admitted(bad, ctx.params.snapshot(), &ctx, now, never)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+
+        let held = ctx
+            .compiles
+            .acquire_many(structured::COMPILES_AT_ONCE as u32)
+            .await
+            .unwrap();
+        let schema = request(r#"{"type": "integer"}"#);
+        let mut first = Box::pin(plan_admitted(
+            schema,
+            ctx.params.snapshot(),
+            &ctx,
+            now,
+            admit("a"),
+        ));
+        assert!(futures::poll!(&mut first).is_pending());
+        assert_eq!(
+            ctx.registry.len(),
+            1,
+            "waiting for a compile holds the place"
+        );
+        let other = request(r#"{"type": "boolean"}"#);
+        let f = plan_admitted(other, ctx.params.snapshot(), &ctx, now, admit("b"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::Busy, "{}", f.message);
+        drop(held);
+        let (plan, admission) = first.await.unwrap();
+        assert!(plan.turn.json_schema.is_some());
+        drop(admission);
+
+        let f = plan_admitted(request("{"), ctx.params.snapshot(), &ctx, now, admit("c"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+        assert!(
+            ctx.registry.is_empty(),
+            "a refused request gives its place back"
+        );
+    }
+
     #[test]
     fn camera_selection_errors_map_to_the_interface_codes() {
         let cases = [
