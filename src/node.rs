@@ -34,7 +34,6 @@ use crate::model;
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
-use crate::process::test_hooks::{self, Site};
 use crate::request::ask;
 use crate::request::ask_action::{self, AskActionServer};
 use crate::request::ask_server::AskServer;
@@ -45,7 +44,7 @@ use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::names::{self, NODE_NAME};
 use crate::ros::param_server::{LiveParams, ParamServer};
 use crate::ros::params::Params;
-use crate::ros::qos::{answers_qos, tokens_qos};
+use crate::ros::qos::{answers_qos, requests_qos, tokens_qos};
 use crate::ros::rosout::RosoutTarget;
 use crate::ros::spin::{Drains, NodeOps, SpinError, SpinThread};
 use crate::ros::text::NulCount;
@@ -137,12 +136,11 @@ pub async fn run(
     tracing::info!(?params, "parameters");
     let publishers = create_publishers(&mut node, &params)?;
     let registry = Arc::new(Registry::new(params.queue_depth));
-    tasks.push(serve_cancels(
-        &mut node,
-        &mut drains,
-        &params,
-        registry.clone(),
+    let cancels = drains.relay(ros(
+        || format!("create service {}", params.cancel_service),
+        node.create_service::<Cancel::Service>(&params.cancel_service, requests_qos()),
     )?);
+    tasks.push(tokio::spawn(ask::serve_cancels(cancels, registry.clone())));
     let cameras = subscribe_cameras(&mut node, &params, &namespace, &mut tasks)?;
 
     let (spin, ops) = SpinThread::start_draining(node, drains)?;
@@ -309,31 +307,6 @@ fn create_publishers(node: &mut r2r::Node, params: &Params) -> Result<Publishers
             node.create_publisher::<DiagnosticArray>(diagnostics::TOPIC, QosProfile::default()),
         )?,
     })
-}
-
-/// `/vlm/cancel`, answered from `registry` by its own task.
-fn serve_cancels(
-    node: &mut r2r::Node,
-    drains: &mut Drains,
-    params: &Params,
-    registry: Arc<Registry>,
-) -> Result<tokio::task::JoinHandle<()>, NodeError> {
-    let mut cancels = drains.relay(ros(
-        || format!("create service {}", params.cancel_service),
-        node.create_service::<Cancel::Service>(
-            &params.cancel_service,
-            crate::ros::qos::requests_qos(),
-        ),
-    )?);
-    Ok(tokio::spawn(async move {
-        while let Some(req) = cancels.next().await {
-            test_hooks::point(Site::Cancel);
-            let resp = ask::cancel(&req.message, &registry);
-            if let Err(e) = req.respond(resp) {
-                tracing::warn!(error = %e, "could not send the cancel response");
-            }
-        }
-    }))
 }
 
 /// The latest-frame cache and a subscription (with its draining task) per camera topic;
@@ -516,7 +489,7 @@ async fn create_services(
     let name = params.ask_service.clone();
     let asks = ops
         .call_draining(move |n, d| {
-            n.create_service::<Ask::Service>(&name, crate::ros::qos::requests_qos())
+            n.create_service::<Ask::Service>(&name, requests_qos())
                 .map(|s| d.relay(s))
         })
         .await

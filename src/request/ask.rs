@@ -6,8 +6,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::{Stream, StreamExt};
+use r2r::ServiceRequest;
+
 use crate::interface::ErrorCode;
 use crate::msgs::srv::{Ask, Cancel};
+use crate::process::test_hooks::{self, Site};
 use crate::request::context::AskContext;
 use crate::request::plan::plan_admitted;
 use crate::serve::failure::Failure;
@@ -99,6 +103,20 @@ pub(crate) async fn handle_with(
             ),
             &ctx.nuls,
         ),
+    }
+}
+
+/// Answers `/vlm/cancel` from `registry` until the service's stream ends.
+pub(crate) async fn serve_cancels(
+    mut cancels: impl Stream<Item = ServiceRequest<Cancel::Service>> + Unpin,
+    registry: Arc<Registry>,
+) {
+    while let Some(req) = cancels.next().await {
+        test_hooks::point(Site::Cancel);
+        let resp = cancel(&req.message, &registry);
+        if let Err(e) = req.respond(resp) {
+            tracing::warn!(error = %e, "could not send the cancel response");
+        }
     }
 }
 
