@@ -1,6 +1,7 @@
-//! `/ask` and `/vlm/cancel`: a request is planned ([`crate::request::plan`]), admitted to the
-//! bounded queue and handed to the worker thread. Nothing here blocks on inference: a refused
-//! request is answered at once, an admitted one by the worker when it finishes.
+//! `/ask` and `/vlm/cancel`: a request is planned ([`crate::request::plan`]) — admitted to the
+//! bounded queue as soon as its cheap checks pass, before its schema is compiled — and handed
+//! to the worker thread. Nothing here blocks on inference: a refused request is answered at
+//! once, an admitted one by the worker when it finishes.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

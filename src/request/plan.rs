@@ -1,7 +1,9 @@
 //! Planning an Ask request: every check (sizes first, [`crate::request::limits`]), the
 //! sampling settings over the node's defaults, the `json_schema` compiled
 //! (`crate::request::structured`), the image picked, and the job's plan built. A request
-//! that fails a check is refused with the reason; nothing is queued here.
+//! that fails a check is refused with the reason; nothing is queued here, but the node's
+//! path (`plan_admitted`) takes the request's place in the queue between the cheap checks
+//! and the compile.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
