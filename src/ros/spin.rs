@@ -6,6 +6,7 @@
 //! full. A burst of requests would fill it faster than the async tasks that answer them
 //! drain it, so the spin thread itself empties every request stream the node serves after
 //! each `spin_once` ([`Drains`]): nothing waits in r2r's channel, and no request is dropped.
+//! (The services also keep a deeper DDS history than ROS's default: `qos::requests_qos`.)
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
@@ -155,5 +156,57 @@ impl SpinThread {
     pub fn stop(self) -> Result<(), SpinError> {
         self.stop.store(true, Ordering::Release);
         self.handle.join().map_err(|_| SpinError::Panicked)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Poll;
+
+    use super::*;
+
+    #[test]
+    fn a_relay_takes_everything_ready_and_ends_with_its_receiver() {
+        // r2r's stream is such a channel of 10 (+ 1 per sender) places.
+        let (mut tx, rx) = relay::channel::<u32>(10);
+        let mut drains = Drains::default();
+        let mut out = drains.relay(rx);
+        let mut got = Vec::new();
+        for round in 0..4 {
+            for i in 0..10 {
+                tx.try_send(round * 10 + i).expect("the relay made room");
+            }
+            drains.drain();
+        }
+        while let Some(Some(v)) = out.next().now_or_never() {
+            got.push(v);
+        }
+        assert_eq!(got, (0..40).collect::<Vec<_>>());
+        assert_eq!(drains.drains.len(), 1);
+        drop(out);
+        drains.drain();
+        assert!(drains.drains.is_empty(), "a relay without a receiver ends");
+        assert!(tx.try_send(0).is_err(), "and drops the service's stream");
+    }
+
+    #[test]
+    fn a_future_run_is_polled_once_per_drain_until_it_ends() {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&polls);
+        let mut drains = Drains::default();
+        drains.run(futures::future::poll_fn(move |_| {
+            if counted.fetch_add(1, Ordering::Relaxed) < 2 {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }));
+        drains.drain();
+        drains.drain();
+        assert_eq!(drains.drains.len(), 1);
+        drains.drain();
+        assert!(drains.drains.is_empty());
+        assert_eq!(polls.load(Ordering::Relaxed), 3);
     }
 }
