@@ -34,7 +34,6 @@ use crate::model;
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
-use crate::process::test_hooks::{self, Site};
 use crate::request::ask;
 use crate::request::ask_action::{self, AskActionServer};
 use crate::request::ask_server::AskServer;
@@ -45,9 +44,9 @@ use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::names::{self, NODE_NAME};
 use crate::ros::param_server::{LiveParams, ParamServer};
 use crate::ros::params::Params;
-use crate::ros::qos::{answers_qos, tokens_qos};
+use crate::ros::qos::{answers_qos, requests_qos, tokens_qos};
 use crate::ros::rosout::RosoutTarget;
-use crate::ros::spin::{NodeOps, SpinError, SpinThread};
+use crate::ros::spin::{Drains, NodeOps, SpinError, SpinThread};
 use crate::ros::text::NulCount;
 use crate::serve::deliver::Outputs;
 use crate::serve::priming::PrimingConfig;
@@ -128,17 +127,23 @@ pub async fn run(
     let params = read_params(&mut node)?;
     // Asks read a snapshot of these; `ros2 param set` replaces it.
     let live = LiveParams::new(params.clone());
-    let (mut tasks, clock, _param_events) = serve_parameters(&mut node, &live)?;
+    // The request streams the spin thread empties after each spin (`ros::spin`).
+    let mut drains = Drains::default();
+    let (mut tasks, clock, _param_events) = serve_parameters(&mut node, &mut drains, &live)?;
     let diagnostics_period = params.diagnostics_period()?;
     let session_idle = params.session_idle()?;
     let action_result_timeout = params.action_result_timeout()?;
     tracing::info!(?params, "parameters");
     let publishers = create_publishers(&mut node, &params)?;
     let registry = Arc::new(Registry::new(params.queue_depth));
-    tasks.push(serve_cancels(&mut node, &params, registry.clone())?);
+    let cancels = drains.relay(ros(
+        || format!("create service {}", params.cancel_service),
+        node.create_service::<Cancel::Service>(&params.cancel_service, requests_qos()),
+    )?);
+    tasks.push(tokio::spawn(ask::serve_cancels(cancels, registry.clone())));
     let cameras = subscribe_cameras(&mut node, &params, &namespace, &mut tasks)?;
 
-    let (spin, ops) = SpinThread::start(node)?;
+    let (spin, ops) = SpinThread::start_draining(node, drains)?;
     let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
     let nuls = NulCount::default();
     let diag = Diagnostics {
@@ -239,12 +244,13 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
     Ok(params)
 }
 
-/// The parameter services over `live`, and the node's clock: under `use_sim_time`, `/clock`
-/// is followed from before anything is published, so no stamp mixes the two clocks. Returns
-/// the tasks that serve them, the clock, and r2r's parameter event stream, which must
-/// outlive the node.
+/// The parameter services over `live` (answered on the spin thread, through `drains`), and
+/// the node's clock: under `use_sim_time`, `/clock` is followed from before anything is
+/// published, so no stamp mixes the two clocks. Returns the tasks started, the clock, and
+/// r2r's parameter event stream, which must outlive the node.
 fn serve_parameters(
     node: &mut r2r::Node,
+    drains: &mut Drains,
     live: &LiveParams,
 ) -> Result<(Vec<tokio::task::JoinHandle<()>>, RosClock, impl Sized), NodeError> {
     let sim_time = {
@@ -257,7 +263,10 @@ fn serve_parameters(
         || "create the parameter services".to_owned(),
         node.make_derived_parameter_handler(server),
     )?;
-    let mut tasks = vec![tokio::spawn(param_services)];
+    // r2r's handler answers each request as it comes and awaits nothing else, so a poll
+    // after each spin answers every request waiting.
+    drains.run(param_services);
+    let mut tasks = Vec::new();
     let clock = if sim_time {
         let clock = RosClock::simulated();
         let sim_clock = ros(
@@ -298,30 +307,6 @@ fn create_publishers(node: &mut r2r::Node, params: &Params) -> Result<Publishers
             node.create_publisher::<DiagnosticArray>(diagnostics::TOPIC, QosProfile::default()),
         )?,
     })
-}
-
-/// `/vlm/cancel`, answered from `registry` by its own task.
-fn serve_cancels(
-    node: &mut r2r::Node,
-    params: &Params,
-    registry: Arc<Registry>,
-) -> Result<tokio::task::JoinHandle<()>, NodeError> {
-    let mut cancels = ros(
-        || format!("create service {}", params.cancel_service),
-        node.create_service::<Cancel::Service>(
-            &params.cancel_service,
-            QosProfile::services_default(),
-        ),
-    )?;
-    Ok(tokio::spawn(async move {
-        while let Some(req) = cancels.next().await {
-            test_hooks::point(Site::Cancel);
-            let resp = ask::cancel(&req.message, &registry);
-            if let Err(e) = req.respond(resp) {
-                tracing::warn!(error = %e, "could not send the cancel response");
-            }
-        }
-    }))
 }
 
 /// The latest-frame cache and a subscription (with its draining task) per camera topic;
@@ -503,7 +488,10 @@ async fn create_services(
 ) -> Result<(), NodeError> {
     let name = params.ask_service.clone();
     let asks = ops
-        .call(move |n| n.create_service::<Ask::Service>(&name, QosProfile::services_default()))
+        .call_draining(move |n, d| {
+            n.create_service::<Ask::Service>(&name, requests_qos())
+                .map(|s| d.relay(s))
+        })
         .await
         .ok_or(NodeError::SpinGone)?;
     let asks = ros(|| format!("create service {}", params.ask_service), asks)?;
@@ -511,7 +499,7 @@ async fn create_services(
     // Created with /ask and for the same reason: a goal that finds the action can be served.
     let name = params.action_name.clone();
     let action = ops
-        .call(move |n| ask_action::Entities::create(n, &name))
+        .call_draining(move |n, d| ask_action::Entities::create(n, d, &name))
         .await
         .ok_or(NodeError::SpinGone)?;
     let action = ros(|| format!("create action {}", params.action_name), action)?;

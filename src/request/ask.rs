@@ -1,19 +1,24 @@
-//! `/ask` and `/vlm/cancel`: a request is planned ([`crate::request::plan`]), admitted to the
-//! bounded queue and handed to the worker thread. Nothing here blocks on inference: a refused
-//! request is answered at once, an admitted one by the worker when it finishes.
+//! `/ask` and `/vlm/cancel`: a request is planned ([`crate::request::plan`]) — admitted to the
+//! bounded queue as soon as its cheap checks pass, before its schema is compiled — and handed
+//! to the worker thread. Nothing here blocks on inference: a refused request is answered at
+//! once, an admitted one by the worker when it finishes.
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
+use futures::{Stream, StreamExt};
+use r2r::ServiceRequest;
+
 use crate::interface::ErrorCode;
 use crate::msgs::srv::{Ask, Cancel};
+use crate::process::test_hooks::{self, Site};
 use crate::request::context::AskContext;
-use crate::request::plan::plan_async;
+use crate::request::plan::plan_admitted;
 use crate::serve::failure::Failure;
 use crate::serve::job::Job;
 use crate::serve::outcome::refused;
-use crate::serve::registry::{AdmitError, Registry};
+use crate::serve::registry::{client_id_error, AdmitError, Registry};
 use crate::serve::token_sink::GoalFeedback;
 
 /// What an Ask action goal adds to its request: the cancel flag the goal's cancel sets
@@ -26,38 +31,44 @@ pub(crate) struct GoalHooks {
 }
 
 /// Handles one Ask request to its response; `hooks` are an action goal's (none for a
-/// service request).
+/// service request). The request's place in the queue is taken right after the cheap
+/// checks, before its schema is compiled ([`plan_admitted`]).
 pub(crate) async fn handle_with(
     req: Ask::Request,
     ctx: Arc<AskContext>,
     hooks: GoalHooks,
 ) -> Ask::Response {
     let now = Instant::now();
-    let id = if req.request_id.is_empty() {
+    let given = !req.request_id.is_empty();
+    let id = if !given {
         ctx.registry.fresh_id()
     } else {
         req.request_id.clone()
     };
-    let mut plan = match plan_async(req, ctx.params.snapshot(), &ctx, now).await {
-        Ok(p) => p,
-        Err(f) => {
-            tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
-            return refused(id, f, &ctx.nuls);
+    let GoalHooks { cancel, feedback } = hooks;
+    // Runs after the size checks, so an id named in a refusal is a short one.
+    let admit = || {
+        if let Some(why) = client_id_error(&id).filter(|_| given) {
+            return Err(Failure::new(ErrorCode::InvalidRequest, why));
         }
-    };
-    let admitted = match hooks.cancel {
-        Some(flag) => ctx.registry.admit_with(&id, flag),
-        None => ctx.registry.admit(&id),
-    };
-    let admission = match admitted {
-        Ok(a) => a,
-        Err(e) => {
+        match cancel {
+            Some(flag) => ctx.registry.admit_with(&id, flag),
+            None => ctx.registry.admit(&id),
+        }
+        .map_err(|e| {
             let code = match e {
                 AdmitError::Busy { .. } => ErrorCode::Busy,
                 AdmitError::DuplicateId(_) => ErrorCode::InvalidRequest,
             };
-            tracing::info!(request_id = %id, code = code.as_str(), "ask refused: {e}");
-            return refused(id, Failure::new(code, e.to_string()), &ctx.nuls);
+            Failure::new(code, e.to_string())
+        })
+    };
+    let planned = plan_admitted(req, ctx.params.snapshot(), &ctx, now, admit).await;
+    let (mut plan, admission) = match planned {
+        Ok(p) => p,
+        Err(f) => {
+            tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
+            return refused(id, f, &ctx.nuls);
         }
     };
     plan.turn.cancel = Some(admission.cancel_flag());
@@ -67,7 +78,7 @@ pub(crate) async fn handle_with(
         plan,
         admission,
         respond: tx,
-        feedback: hooks.feedback,
+        feedback,
     };
     // A job that is not sent comes back in the error and is dropped with its admission here,
     // so its place is free before the refusal goes out.
@@ -93,6 +104,20 @@ pub(crate) async fn handle_with(
             ),
             &ctx.nuls,
         ),
+    }
+}
+
+/// Answers `/vlm/cancel` from `registry` until the service's stream ends.
+pub(crate) async fn serve_cancels(
+    mut cancels: impl Stream<Item = ServiceRequest<Cancel::Service>> + Unpin,
+    registry: Arc<Registry>,
+) {
+    while let Some(req) = cancels.next().await {
+        test_hooks::point(Site::Cancel);
+        let resp = cancel(&req.message, &registry);
+        if let Err(e) = req.respond(resp) {
+            tracing::warn!(error = %e, "could not send the cancel response");
+        }
     }
 }
 

@@ -37,6 +37,7 @@ use crate::msgs::srv::Ask;
 use crate::request::ask::GoalHooks;
 use crate::request::ask_server::answer_contained;
 use crate::request::context::AskContext;
+use crate::ros::spin::Drains;
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 use crate::serve::token_sink::GoalFeedback;
@@ -66,27 +67,31 @@ fn status_qos() -> QosProfile {
 }
 
 impl Entities {
-    /// Creates the action `name` (relative names resolve in the node's namespace).
-    pub(crate) fn create(node: &mut r2r::Node, name: &str) -> r2r::Result<Self> {
+    /// Creates the action `name` (relative names resolve in the node's namespace); its
+    /// services' requests are relayed through `drains` (`crate::ros::spin`).
+    pub(crate) fn create(
+        node: &mut r2r::Node,
+        drains: &mut Drains,
+        name: &str,
+    ) -> r2r::Result<Self> {
         let sub = |s: &str| format!("{name}/_action/{s}");
+        let qos = crate::ros::qos::requests_qos;
         Ok(Self {
-            send_goal: node
-                .create_service::<AskAction::SendGoal::Service>(
-                    &sub("send_goal"),
-                    QosProfile::services_default(),
-                )?
+            send_goal: drains
+                .relay(
+                    node.create_service::<AskAction::SendGoal::Service>(&sub("send_goal"), qos())?,
+                )
                 .boxed(),
-            cancel_goal: node
-                .create_service::<CancelGoal::Service>(
-                    &sub("cancel_goal"),
-                    QosProfile::services_default(),
-                )?
+            cancel_goal: drains
+                .relay(node.create_service::<CancelGoal::Service>(&sub("cancel_goal"), qos())?)
                 .boxed(),
-            get_result: node
-                .create_service::<AskAction::GetResult::Service>(
-                    &sub("get_result"),
-                    QosProfile::services_default(),
-                )?
+            get_result: drains
+                .relay(
+                    node.create_service::<AskAction::GetResult::Service>(
+                        &sub("get_result"),
+                        qos(),
+                    )?,
+                )
                 .boxed(),
             // As deep as the tokens topic: a reliable writer with a short history would
             // overwrite deltas a client has not acknowledged yet.

@@ -1,7 +1,9 @@
 //! Planning an Ask request: every check (sizes first, [`crate::request::limits`]), the
 //! sampling settings over the node's defaults, the `json_schema` compiled
 //! (`crate::request::structured`), the image picked, and the job's plan built. A request
-//! that fails a check is refused with the reason; nothing is queued here.
+//! that fails a check is refused with the reason; nothing is queued here, but the node's
+//! path (`plan_admitted`) takes the request's place in the queue between the cheap checks
+//! and the compile.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -249,51 +251,87 @@ fn finish(
     })
 }
 
-/// Checks a request and builds its job (without the queue slot and response channel).
+/// Checks a request and builds its job (without the queue slot and response channel), as
+/// the node does but with the queue's room only probed, and only for a schema it would
+/// compile: planning on its own (the tests') takes no place in the queue.
 /// The turn's `cancel` is left unset: the flag comes with the queue slot. The request is
 /// consumed: its prompt, stop strings and images move into the job without a copy.
 /// `ctx.cameras` is `None` when the node runs without vision; `ctx.schemas` compiles a
 /// `json_schema` for the served model (`None` before a model is loaded).
-///
-/// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take long for a large uncached one, so it runs on the blocking
-/// pool, not on the runtime's two threads that also serve other asks, the action loop,
-/// `vlm/cancel` and diagnostics. A request whose schema would compile while the queue is
-/// full is refused `busy` before compiling; at most `structured::COMPILES_AT_ONCE`
-/// compile at once, and later ones wait their turn without holding a thread.
 pub async fn plan_async(
     req: Ask::Request,
     p: Arc<Params>,
     ctx: &AskContext,
     now: Instant,
 ) -> Result<JobPlan, Failure> {
-    let mut checked = check(req, &p)?;
-    let json_schema = match (&ctx.schemas, checked.req.json_schema.is_empty()) {
-        (Some(schemas), false) => {
+    let compiles = ctx.schemas.is_some() && !req.json_schema.is_empty();
+    let probe = || {
+        if compiles {
             ctx.registry
                 .room()
-                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))?;
-            // The semaphore is never closed; a closed one would only mean no limit.
-            let _permit = ctx.compiles.acquire().await;
-            let text = std::mem::take(&mut checked.req.json_schema);
-            let schemas = Arc::clone(schemas);
-            let compiled =
-                tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas)))
-                    .await;
-            match compiled {
-                Ok(r) => r?,
-                // A panic in the compiler is the request's, as it was on the handler's task.
-                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-                Err(e) => {
-                    return Err(Failure::new(
-                        ErrorCode::NotReady,
-                        format!("json_schema: the compile was stopped: {e}"),
-                    ))
-                }
-            }
+                .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))
+        } else {
+            Ok(())
         }
-        (schemas, _) => structured::compile(&checked.req.json_schema, schemas.as_deref())?,
     };
-    finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)
+    plan_admitted(req, p, ctx, now, probe)
+        .await
+        .map(|(plan, ())| plan)
+}
+
+/// The node's planning: the cheap checks, then `admit` — the request's place in the queue,
+/// taken before anything costly or large (a schema's compile, the images) — then the rest.
+/// So at most `queue_depth` requests (compiling, queued or running) hold memory, and any
+/// other gets `busy` at once; a refusal after `admit` drops what it returned (the place
+/// is free before the refusal goes out).
+///
+/// Compiling a schema (llguidance, then a first mask over the whole vocabulary) can take
+/// long for a large uncached one, so it runs on the blocking pool, not on the runtime's two
+/// threads that also serve other asks, the action loop, `vlm/cancel` and diagnostics; at
+/// most `structured::COMPILES_AT_ONCE` compile at once, and later ones wait their turn
+/// without holding a thread.
+pub(crate) async fn plan_admitted<A>(
+    req: Ask::Request,
+    p: Arc<Params>,
+    ctx: &AskContext,
+    now: Instant,
+    admit: impl FnOnce() -> Result<A, Failure>,
+) -> Result<(JobPlan, A), Failure> {
+    let mut checked = check(req, &p)?;
+    let admitted = admit()?;
+    let json_schema = compile_schema(&mut checked, ctx).await?;
+    let plan = finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)?;
+    Ok((plan, admitted))
+}
+
+/// The request's schema compiled (off the runtime when a model is loaded), `None` for free
+/// text.
+async fn compile_schema(
+    checked: &mut Checked,
+    ctx: &AskContext,
+) -> Result<Option<Arc<JsonSchema>>, Failure> {
+    let Some(schemas) = ctx
+        .schemas
+        .as_ref()
+        .filter(|_| !checked.req.json_schema.is_empty())
+    else {
+        return structured::compile(&checked.req.json_schema, ctx.schemas.as_deref());
+    };
+    // The semaphore is never closed; a closed one would only mean no limit.
+    let _permit = ctx.compiles.acquire().await;
+    let text = std::mem::take(&mut checked.req.json_schema);
+    let schemas = Arc::clone(schemas);
+    let compiled =
+        tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas))).await;
+    match compiled {
+        Ok(r) => r,
+        // A panic in the compiler is the request's, as it was on the handler's task.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(Failure::new(
+            ErrorCode::NotReady,
+            format!("json_schema: the compile was stopped: {e}"),
+        )),
+    }
 }
 
 fn pick_images(
@@ -444,6 +482,71 @@ mod tests {
         assert!(plan_async(request(""), ctx.params.snapshot(), &ctx, now)
             .await
             .is_ok());
+    }
+
+    /// The node's order: the cheap checks, then the place in the queue, then the compile.
+    /// A request a check refuses takes no place; one waiting to compile holds its place, so
+    /// the next is `busy` at once; one refused after admission gives its place back.
+    #[tokio::test]
+    async fn the_place_is_taken_before_the_compile_and_given_back_on_refusal() {
+        let ctx = context(1);
+        let now = Instant::now();
+        let admit = |id: &'static str| {
+            let registry = Arc::clone(&ctx.registry);
+            move || {
+                registry
+                    .admit(id)
+                    .map_err(|e| Failure::new(ErrorCode::Busy, e.to_string()))
+            }
+        };
+        let mut bad = request(r#"{"type": "integer"}"#);
+        bad.prompt.clear();
+        let never = || -> Result<(), Failure> { panic!("a place for a request the checks refuse") };
+        let f = plan_admitted(bad, ctx.params.snapshot(), &ctx, now, never)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+
+        let held = ctx
+            .compiles
+            .acquire_many(structured::COMPILES_AT_ONCE as u32)
+            .await
+            .unwrap();
+        let schema = request(r#"{"type": "integer"}"#);
+        let mut first = Box::pin(plan_admitted(
+            schema,
+            ctx.params.snapshot(),
+            &ctx,
+            now,
+            admit("a"),
+        ));
+        assert!(futures::poll!(&mut first).is_pending());
+        assert_eq!(
+            ctx.registry.len(),
+            1,
+            "waiting for a compile holds the place"
+        );
+        let other = request(r#"{"type": "boolean"}"#);
+        let f = plan_admitted(other, ctx.params.snapshot(), &ctx, now, admit("b"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::Busy, "{}", f.message);
+        drop(held);
+        let (plan, admission) = first.await.unwrap();
+        assert!(plan.turn.json_schema.is_some());
+        drop(admission);
+
+        let f = plan_admitted(request("{"), ctx.params.snapshot(), &ctx, now, admit("c"))
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(f.code, ErrorCode::InvalidRequest);
+        assert!(
+            ctx.registry.is_empty(),
+            "a refused request gives its place back"
+        );
     }
 
     #[test]

@@ -3,10 +3,28 @@
 //! A request holds its place through an [`Admission`], which frees the id and the queue place
 //! when it is released or dropped — before the response goes out, so a client that reuses the
 //! id the moment it has its answer is admitted, and on every other way a request can end.
+//!
+//! Ids the node assigns are [`NODE_ID_PREFIX`] and 128 random bits: a peer that sees one on
+//! `vlm/tokens` cannot guess the next to cancel it, and since clients may not use the prefix
+//! ([`client_id_error`]), no client's id can collide with one the node hands out.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// How every node-assigned request id starts; reserved, so a client id may not.
+pub(crate) const NODE_ID_PREFIX: &str = "req-";
+
+/// Why a client-chosen `request_id` is refused (`None`: it may be used). An empty id is
+/// the client asking for one of the node's.
+pub(crate) fn client_id_error(id: &str) -> Option<String> {
+    id.starts_with(NODE_ID_PREFIX).then(|| {
+        format!(
+            "request_id {id:?}: ids that start with {NODE_ID_PREFIX:?} are the node's own; \
+             leave it empty for one, or choose another"
+        )
+    })
+}
 
 /// Why a request could not be admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -45,7 +63,6 @@ impl Drop for Admission {
 pub(crate) struct Registry {
     depth: usize,
     live: Mutex<HashMap<String, Arc<AtomicBool>>>,
-    next: AtomicU64,
 }
 
 impl Registry {
@@ -53,7 +70,6 @@ impl Registry {
         Self {
             depth,
             live: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
         }
     }
 
@@ -61,9 +77,11 @@ impl Registry {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An id for a request that came without one.
+    /// An id for a request that came without one: the prefix and 32 lowercase hex digits
+    /// from the thread's CSPRNG (seeded from the OS), so it is neither guessable nor, in
+    /// practice, ever repeated.
     pub(crate) fn fresh_id(&self) -> String {
-        format!("req-{}", self.next.fetch_add(1, Ordering::Relaxed))
+        format!("{NODE_ID_PREFIX}{:032x}", rand::random::<u128>())
     }
 
     /// Admits `id`; the request keeps its place as long as it holds the [`Admission`].
@@ -161,6 +179,27 @@ mod tests {
         let _c = r.admit("c").unwrap();
         assert_eq!(r.len(), 2);
         assert_ne!(r.fresh_id(), r.fresh_id());
+    }
+
+    #[test]
+    fn node_ids_are_random_hex_and_clients_may_not_use_the_prefix() {
+        let r = Registry::new(1);
+        let ids: std::collections::HashSet<String> = (0..1000).map(|_| r.fresh_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            let hex = id.strip_prefix("req-").expect("prefix");
+            assert_eq!(hex.len(), 32, "{id}");
+            assert!(
+                hex.chars().all(|c| matches!(c, '0'..='9' | 'a'..='f')),
+                "{id}"
+            );
+            assert!(client_id_error(id).is_some());
+        }
+        let why = client_id_error("req-7").expect("refused");
+        assert!(why.contains("request_id") && why.contains("req-"), "{why}");
+        assert!(client_id_error("").is_none());
+        assert!(client_id_error("kitchen-req-1").is_none());
+        assert!(client_id_error("REQ-1").is_none());
     }
 
     #[test]
