@@ -9,7 +9,7 @@ use r2r::ParameterValue;
 use super::{Apply, Kind, SPECS};
 
 /// The lines around the generated table in docs/parameters.md.
-const BEGIN: &str = "<!-- parameter table: rendered from the declarations in src/params.rs -->\n";
+const BEGIN: &str = "<!-- parameter table: rendered from the declarations in src/ros/params.rs -->\n";
 const END: &str = "<!-- end of the parameter table -->\n";
 
 /// The value as the YAML file and the docs/parameters.md table spell it.
@@ -87,7 +87,7 @@ fn the_parameter_table_is_rendered_from_the_declarations() {
         return;
     }
     panic!(
-        "docs/parameters.md's parameter table is not the one the declarations in src/params.rs render; \
+        "docs/parameters.md's parameter table is not the one the declarations in src/ros/params.rs render; \
          rewrite it with BPU_VLM_WRITE_PARAM_TABLE=1 cargo test -p bpu_vlm --lib params::table\n\
          want:\n{want}"
     );
