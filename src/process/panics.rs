@@ -3,9 +3,10 @@
 //! The worker thread runs each request (and loading, recovery) inside `contained`: a panic
 //! there — in the runtime, the sampler, a kernel assert, a message conversion — becomes an
 //! `Err` carrying its message and location, and the worker fails that one request and resets
-//! the backend. An `/ask` task (planning a request) runs inside `contained_async` and a
-//! camera frame's decoding inside `contained`: a request or a frame that trips a bug is
-//! refused, not the node's end. A panic anywhere else (a camera drain task, the cancel loop,
+//! the backend. An `/ask` task (planning a request) runs inside `contained_async`, and what
+//! it hands to the blocking pool (a schema's compile) and a camera message's header check
+//! and decoding run inside `contained` on that pool's thread: a request or a frame that
+//! trips a bug is refused, not the node's end. A panic anywhere else (a camera drain task, the cancel loop,
 //! diagnostics, the spin thread with r2r's handlers) means part of the node is gone while the
 //! rest would keep running as a zombie, so the hook installed by [`install_hook`] raises a
 //! runtime failure (`crate::process::fatal::raise`): diagnostics ERROR, orderly stop, non-zero exit.

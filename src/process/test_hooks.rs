@@ -9,7 +9,9 @@
 //!   generation call (unwinds through the engine, sampler and stream);
 //! - `reset`: the backend reset that follows a contained panic (the model is then reopened);
 //! - `cancel`: a `/vlm/cancel` request, in the cancel task;
-//! - `diagnostics`: a diagnostics period, in the diagnostics task.
+//! - `diagnostics`: a diagnostics period, in the diagnostics task;
+//! - `schema`: a request's `json_schema` compile, on its blocking-pool thread;
+//! - `camera`: a camera message's header check and decoding, on its blocking-pool thread.
 
 /// The environment variable read by debug builds.
 pub(crate) const ENV: &str = "VLM_NODE_TEST_PANIC";
@@ -21,10 +23,19 @@ pub(crate) enum Site {
     Reset,
     Cancel,
     Diagnostics,
+    Schema,
+    Camera,
 }
 
 impl Site {
-    const ALL: [Self; 4] = [Self::Serve, Self::Reset, Self::Cancel, Self::Diagnostics];
+    const ALL: [Self; 6] = [
+        Self::Serve,
+        Self::Reset,
+        Self::Cancel,
+        Self::Diagnostics,
+        Self::Schema,
+        Self::Camera,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -32,6 +43,8 @@ impl Site {
             Self::Reset => "reset",
             Self::Cancel => "cancel",
             Self::Diagnostics => "diagnostics",
+            Self::Schema => "schema",
+            Self::Camera => "camera",
         }
     }
 
@@ -103,11 +116,13 @@ mod armed {
 
         #[test]
         fn plans_name_sites_and_passes() {
-            let p = parse("serve@2, cancel,bogus,reset@0");
+            let p = parse("serve@2, cancel,bogus,reset@0,camera@3");
             assert_eq!(p.at[Site::Serve.index()], Some(2));
             assert_eq!(p.at[Site::Cancel.index()], Some(1));
             assert_eq!(p.at[Site::Reset.index()], None);
             assert_eq!(p.at[Site::Diagnostics.index()], None);
+            assert_eq!(p.at[Site::Camera.index()], Some(3));
+            assert_eq!(p.at[Site::Schema.index()], None);
         }
     }
 }

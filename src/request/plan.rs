@@ -17,6 +17,8 @@ use vlm::structured::JsonSchema;
 
 use crate::interface::{enable_thinking, ErrorCode};
 use crate::msgs::srv::Ask;
+use crate::process::panics::contained;
+use crate::process::test_hooks::{self, Site};
 use crate::request::context::AskContext;
 use crate::request::limits::check_sizes;
 use crate::request::structured;
@@ -321,12 +323,22 @@ async fn compile_schema(
     let _permit = ctx.compiles.acquire().await;
     let text = std::mem::take(&mut checked.req.json_schema);
     let schemas = Arc::clone(schemas);
-    let compiled =
-        tokio::task::spawn_blocking(move || structured::compile(&text, Some(&schemas))).await;
+    // Contained on the pool's thread: a panic there is outside the ask task's scope, and
+    // the hook would take the node down for one hostile schema.
+    let compiled = tokio::task::spawn_blocking(move || {
+        contained(|| {
+            test_hooks::point(Site::Schema);
+            structured::compile(&text, Some(&schemas))
+        })
+    })
+    .await;
     match compiled {
-        Ok(r) => r,
-        // A panic in the compiler is the request's, as it was on the handler's task.
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Ok(Ok(r)) => r,
+        // The request fails as one whose serving panicked on the worker does.
+        Ok(Err(p)) => Err(Failure::new(
+            ErrorCode::BackendError,
+            format!("internal error: {p}"),
+        )),
         Err(e) => Err(Failure::new(
             ErrorCode::NotReady,
             format!("json_schema: the compile was stopped: {e}"),

@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use camera_frame::{
-    CameraCache, CompressedMsg, Encoding, Frame, FrameError, FrameHeader, ImageMsg, Limits, Stamp,
+    CameraCache, Codec, CompressedMsg, Frame, FrameError, FrameHeader, ImageMsg, Limits, Stamp,
 };
 use futures::{FutureExt, Stream, StreamExt};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use r2r::QosProfile;
 
 use crate::process::panics::contained;
+use crate::process::test_hooks::{self, Site};
 use crate::ros::params::{CameraQos, Params};
 
 /// The QoS of camera subscriptions.
@@ -88,7 +89,6 @@ pub(crate) async fn drain(
     mut msgs: impl Stream<Item = CameraMsg> + Unpin,
     cache: Arc<CameraCache>,
 ) {
-    let limits = Limits::default();
     while let Some(mut msg) = msgs.next().await {
         // Only the newest message can become the latest frame; the ones queued behind a
         // slow decode would only delay it.
@@ -96,14 +96,11 @@ pub(crate) async fn drain(
             msg = newer;
         }
         let (st, outcome) = match msg {
-            CameraMsg::Raw(m) => (frame_header(&m.header), frame_from_image(m, &limits)),
-            CameraMsg::Compressed(m) => {
-                (frame_header(&m.header), frame_from_compressed(m, &limits))
-            }
-        };
-        let outcome = match outcome {
-            Ok(frame) => decode_on_arrival(frame).await,
-            Err(e) => Err(e),
+            CameraMsg::Raw(m) => (frame_header(&m.header), checked(CameraMsg::Raw(m)).await),
+            CameraMsg::Compressed(m) => (
+                frame_header(&m.header),
+                checked(CameraMsg::Compressed(m)).await,
+            ),
         };
         match cache.record(&topic, outcome, st, Instant::now()) {
             Ok(None) => {}
@@ -121,23 +118,47 @@ pub(crate) async fn drain(
     }
 }
 
-/// Decodes a jpeg/png frame off the async workers (a 1080p jpeg takes milliseconds); a raw
-/// frame passes through.
-async fn decode_on_arrival(frame: Frame) -> Result<Frame, FrameError> {
-    let Encoding::Compressed(codec) = frame.encoding() else {
-        return Ok(frame);
+/// Validates a message (a jpeg/png header is parsed) and decodes a jpeg/png frame, off the
+/// async workers (a 1080p jpeg takes milliseconds). Both run contained on the blocking
+/// thread: a header reader or decoder that panics on a hostile body rejects the frame,
+/// counted like any bad frame, and the node goes on.
+async fn checked(msg: CameraMsg) -> Result<Frame, FrameError> {
+    let limits = Limits::default();
+    let what = match &msg {
+        CameraMsg::Raw(m) => What::Raw(m.encoding.clone()),
+        // The codec a panic is reported under: the payload's signature, else jpeg (the
+        // reason names the panic either way).
+        CameraMsg::Compressed(m) => What::Compressed(Codec::sniff(&m.data).unwrap_or(Codec::Jpeg)),
     };
-    // A decoder that panics on a hostile body rejects the frame; the node goes on.
-    let decoded = tokio::task::spawn_blocking(move || contained(|| frame.decoded())).await;
-    match decoded {
+    let done = tokio::task::spawn_blocking(move || {
+        contained(|| {
+            test_hooks::point(Site::Camera);
+            let frame = match msg {
+                CameraMsg::Raw(m) => frame_from_image(m, &limits),
+                CameraMsg::Compressed(m) => frame_from_compressed(m, &limits),
+            }?;
+            frame.decoded()
+        })
+    })
+    .await;
+    let stopped = |reason: String| match &what {
+        What::Raw(encoding) => FrameError::UnknownEncoding {
+            encoding: format!("{encoding} ({reason})"),
+        },
+        What::Compressed(codec) => FrameError::BadHeader {
+            codec: *codec,
+            reason,
+        },
+    };
+    match done {
         Ok(Ok(result)) => result,
-        Ok(Err(panic)) => Err(FrameError::Decode {
-            codec,
-            reason: format!("the decoder panicked: {panic}"),
-        }),
-        Err(e) => Err(FrameError::Decode {
-            codec,
-            reason: format!("the decoder stopped: {e}"),
-        }),
+        Ok(Err(panic)) => Err(stopped(format!("the frame check panicked: {panic}"))),
+        Err(e) => Err(stopped(format!("the frame check stopped: {e}"))),
     }
+}
+
+/// What a message was, for the error of a check that did not finish.
+enum What {
+    Raw(String),
+    Compressed(Codec),
 }

@@ -254,8 +254,9 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                     tracing::error!("frame priming panicked: {panic}");
                     assistant = match recover(assistant, self.open, self.config, self.stats) {
                         Ok(a) => a,
-                        Err(_) if self.config.interrupt.is_raised() => {
-                            return ControlFlow::Break(())
+                        Err(reason) if self.config.interrupt.is_raised() => {
+                            self.stopped_by_shutdown(&reason);
+                            return ControlFlow::Break(());
                         }
                         Err(reason) => {
                             let pending = self.pending.take();
@@ -354,13 +355,38 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         });
     }
 
+    /// A reopen stopped by shutdown: no failure (the node is stopping anyway), and every
+    /// parked and queued job is answered as cancelled, with its last Token and its Answer
+    /// like any other cancelled request, until the node closes the queue.
+    fn stopped_by_shutdown(&mut self, reason: &str) {
+        tracing::info!("shutdown while reopening the model: {reason}");
+        for job in self
+            .pending
+            .take()
+            .into_iter()
+            .chain(std::iter::from_fn(|| self.jobs.recv().ok()))
+        {
+            // The shutdown's cancel may not have reached this job yet: it is cancelled all
+            // the same, as the node stops without serving it.
+            let failure = stopped_in_queue(&job).unwrap_or_else(|| {
+                Failure::new(
+                    ErrorCode::Cancelled,
+                    "cancelled before generation started (the node is shutting down)",
+                )
+            });
+            serve(job, self.outputs, self.stats, |_, _| Err(failure));
+            update(self.stats, |s| s.failed += 1);
+        }
+        tracing::info!("worker thread: queue closed while stopping");
+    }
+
     /// After a contained panic: the model reset or reopened, or `Break` when it cannot be.
     fn after_panic(&mut self, assistant: Assistant) -> ControlFlow<(), Assistant> {
         let assistant = match recover(assistant, self.open, self.config, self.stats) {
             Ok(a) => a,
             // A reopen stopped by shutdown is no failure: the node is stopping anyway.
             Err(reason) if self.config.interrupt.is_raised() => {
-                tracing::info!("shutdown while reopening the model: {reason}");
+                self.stopped_by_shutdown(&reason);
                 return ControlFlow::Break(());
             }
             Err(reason) => {

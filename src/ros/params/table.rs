@@ -9,7 +9,8 @@ use r2r::ParameterValue;
 use super::{Apply, Kind, SPECS};
 
 /// The lines around the generated table in docs/parameters.md.
-const BEGIN: &str = "<!-- parameter table: rendered from the declarations in src/ros/params.rs -->\n";
+const BEGIN: &str =
+    "<!-- parameter table: rendered from the declarations in src/ros/params.rs -->\n";
 const END: &str = "<!-- end of the parameter table -->\n";
 
 /// The value as the YAML file and the docs/parameters.md table spell it.
