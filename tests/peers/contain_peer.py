@@ -42,7 +42,11 @@ def diag_where(p, pred, what):
 
 def mode_schema(p, a):
     p.wait_ask()
-    failed = text_ask(p, a, 'schema-1', json_schema=json.dumps({'type': 'integer'}))
+    # Refused while planned (never queued): a response, no Token and no Answer.
+    req, fut = p.ask_async(request_id='schema-1', prompt=a.prompt, camera='none',
+                           temperature=0.0, max_new_tokens=a.max_new_tokens,
+                           json_schema=json.dumps({'type': 'integer'}))
+    failed = p.finish(req, fut, need_last=False)
     after = text_ask(p, a, 'schema-2')
     return {'failed': failed, 'after': after}
 
