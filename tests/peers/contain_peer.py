@@ -57,9 +57,15 @@ def mode_camera(p, a):
     msg.format = 'jpeg'
     msg.header.frame_id = 'cam'
     msg.data = exact_jpeg(64, 48).tobytes()
-    p.publish_frames(a.camera, msg, kind=CompressedImage, count=1)
-    rejected = diag_where(p, lambda d: int(d.get(f'camera {a.camera} rejected', '0')) >= 1,
-                          'a rejected frame')
+    # Camera QoS is best effort: frames go out until the node has seen (and rejected) one.
+    def seen(d):
+        return int(d.get(f'camera {a.camera} rejected', '0')) >= 1
+    for _ in range(20):
+        p.publish_frames(a.camera, msg, kind=CompressedImage, count=1)
+        with p.lock:
+            if any(seen(d) for d in p.diagnostics):
+                break
+    rejected = diag_where(p, seen, 'a rejected frame')
     p.publish_frames(a.camera, msg, kind=CompressedImage, count=3)
     after = p.greedy('camera-1', a.prompt, camera=a.camera)
     return {'rejected': rejected, 'after': after, 'diag': p.last_diag()}
