@@ -221,12 +221,11 @@ impl DecodeStates {
         id: u64,
         blob: &StateBlob,
     ) -> Result<(), EngineError> {
-        if self.current != Holder::Conversation(id) {
-            self.current = Holder::Unknown;
+        let current = std::mem::replace(&mut self.current, Holder::Unknown);
+        if current != Holder::Conversation(id) {
             backend.restore(blob)?;
             self.restores += 1;
         }
-        self.current = Holder::Unknown;
         Ok(())
     }
 
@@ -363,8 +362,8 @@ impl DecodeStates {
         priming: u64,
         state: &FrameState,
     ) -> Result<bool, EngineError> {
-        if self.current != Holder::Priming(priming) {
-            self.current = Holder::Unknown;
+        let current = std::mem::replace(&mut self.current, Holder::Unknown);
+        if current != Holder::Priming(priming) {
             match state {
                 FrameState::Pinned(id) => {
                     let switched = backend.device().is_some_and(|d| d.switch_to_pinned(*id));
@@ -378,7 +377,6 @@ impl DecodeStates {
                 }
             }
         }
-        self.current = Holder::Unknown;
         Ok(true)
     }
 }
