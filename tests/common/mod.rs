@@ -2,6 +2,7 @@
 //! peers (tests/peers/) and their JSON reports.
 #![allow(dead_code)]
 
+pub mod domains;
 pub mod node_proc;
 
 use std::path::PathBuf;
@@ -24,8 +25,7 @@ pub fn ros_env() {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0)
             ^ std::process::id();
-        // Domains 1..=100 keep the DDS port range valid and avoid the default 0.
-        let domain = 1 + seed % 100;
+        let domain = domains::claim(1 + seed % 100);
         // SAFETY of set_var: runs once, before any thread of this binary reads the environment
         // through ROS (guarded by the Once every test calls first).
         std::env::set_var("ROS_DOMAIN_ID", domain.to_string());

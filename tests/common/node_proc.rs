@@ -14,11 +14,13 @@ use tokio::process::{Child, Command};
 
 use super::repo_root;
 
-/// A ROS domain of its own for each node started by this test binary.
+/// A ROS domain of its own for each node started by this test binary, held against other
+/// test processes on the machine (`domains::claim`).
 pub fn domain() -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let base = std::process::id() % 50;
-    (1 + (base + 50 + NEXT.fetch_add(1, Ordering::Relaxed) * 7) % 100).to_string()
+    super::domains::claim(1 + (base + 50 + NEXT.fetch_add(1, Ordering::Relaxed) * 7) % 100)
+        .to_string()
 }
 
 /// Where the embedded model's sim package is built once for all node tests.
