@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # Node soak benchmark (BENCHMARKS.md): release vlm_node on the embedded tiny model through the
-# simulator, ASKS sequential asks from an rclpy client, latency and RSS. Not a test.
-#   bash tools/bench/node-soak.sh [ASKS]
+# simulator. Not a test.
+#   bash tools/bench/node-soak.sh [ASKS]         ASKS sequential asks from one rclpy client:
+#                                                latency and RSS (tools/bench/node_soak.py)
+#   bash tools/bench/node-soak.sh [ASKS] mix     ASKS requests from 4 concurrent clients mixing
+#                                                every survivable failure kind; checks one
+#                                                response each, one last Token per admitted
+#                                                request, RSS within 5 %, no ERROR status
+#                                                (tools/bench/node_soak_mix.py); exit 1 if not
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -12,11 +18,16 @@ export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))} ROS_AUTOMATIC_DISCO
 cargo build --release -p bpu_vlm --bin vlm_node
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/vlm_node
 PROFILE="$ROOT/launch/fastdds_large_frames.xml"
-RUST_LOG=warn "$BIN" --ros-args -p demo_model:=true -p cache_dir:="$ROOT/.cache/embedded-model" -p queue_depth:=2 &
+RUST_LOG=${RUST_LOG:-warn} "$BIN" --ros-args -p demo_model:=true -p cache_dir:="$ROOT/.cache/embedded-model" \
+  -p queue_depth:=2 -p diagnostics_period_s:=0.5 &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null || true' EXIT
+SCRIPT=tools/bench/node_soak.py
+if [ "${2:-}" = mix ]; then SCRIPT=tools/bench/node_soak_mix.py; fi
+STATUS=0
 FASTRTPS_DEFAULT_PROFILES_FILE=$PROFILE FASTDDS_DEFAULT_PROFILES_FILE=$PROFILE \
-  .ros2/venv/bin/python tools/bench/node_soak.py --pid "$PID" --asks "${1:-200}"
+  .ros2/venv/bin/python "$SCRIPT" --pid "$PID" --asks "${1:-200}" || STATUS=$?
 kill -INT "$PID"
 trap - EXIT
 wait "$PID"
+exit "$STATUS"
