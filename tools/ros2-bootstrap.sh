@@ -10,6 +10,7 @@
 #   3. the three fix-ups the wheels need (see below)
 #   4. builds msg/ (bpu_vlm_msgs) with CMake + ament_cmake + rosidl into .ros2/install
 #   5. writes .ros2/setup.bash
+#   6. installs client/ (the Python package bpu_vlm_client) into .ros2/venv
 #
 # Environment:
 #   PY=/path/to/python3.X   interpreter for the venv (CPython 3.11-3.13; default: the first
@@ -163,13 +164,28 @@ if [ "$(cat "$MSG_STAMP" 2>/dev/null)" != "$MSG_KEY" ]; then
   echo "$MSG_KEY" > "$MSG_STAMP"
 fi
 
+# ---------------------------------------------------------------- 6. bpu_vlm_client
+CLIENT_KEY=$( { echo "$VENV_KEY"; cd "$ROOT/client" && git ls-files -co --exclude-standard -z . 2>/dev/null | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-16)
+CLIENT_STAMP=$R2/.client.stamp
+if [ "$(cat "$CLIENT_STAMP" 2>/dev/null)" != "$CLIENT_KEY" ]; then
+  log "install client/ (bpu_vlm_client) into .ros2/venv"
+  # A pure-Python package: copied into the venv's site-packages (the venv has no `wheel`
+  # for pip to build one with, and adding it to the pins would redo the whole venv).
+  _purelib=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  rm -rf "$_purelib/bpu_vlm_client"
+  cp -r "$ROOT/client/bpu_vlm_client" "$_purelib/bpu_vlm_client"
+  find "$_purelib/bpu_vlm_client" -name __pycache__ -prune -exec rm -rf {} +
+  echo "$CLIENT_KEY" > "$CLIENT_STAMP"
+fi
+
 # ---------------------------------------------------------------- check
 (
   # shellcheck disable=SC1091
   source "$R2/setup.bash"
   "$VENV/bin/python" -c 'import rclpy, rclpy.action, bpu_vlm_msgs.msg, bpu_vlm_msgs.srv, diagnostic_msgs.msg, rosgraph_msgs.msg, cv2, numpy
 from bpu_vlm_msgs.action import Ask
-Ask.Goal(), Ask.Result(), Ask.Feedback()' ||
+Ask.Goal(), Ask.Result(), Ask.Feedback()
+import bpu_vlm_client' ||
     die "the venv cannot import rclpy/bpu_vlm_msgs (remove .ros2/ and rerun)"
 )
-log "ready: source .ros2/setup.bash (Python $PYVER, ROS 2 Jazzy wheels, bpu_vlm_msgs)"
+log "ready: source .ros2/setup.bash (Python $PYVER, ROS 2 Jazzy wheels, bpu_vlm_msgs, bpu_vlm_client)"

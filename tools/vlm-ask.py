@@ -3,7 +3,7 @@
     .ros2/venv/bin/python tools/vlm-ask.py "What is in the picture?" \
         [--image tools/fixtures/images/scene_a.png --camera-topic /image_raw] \
         [--camera none] [--session ID] [--temperature 0] [--max-new-tokens 64] \
-        [--json-schema tools/bench/schemas/gate.json]
+        [--json-schema tools/bench/schemas/gate.json] [--namespace /r2]
 
 With --image the picture is first published on --camera-topic (as a camera would, bgr8),
 so the node answers about it. Stands in for `ros2 service call /ask ...` plus
@@ -16,9 +16,9 @@ import sys
 import time
 
 import rclpy
-from rclpy.qos import QoSProfile, ReliabilityPolicy, HistoryPolicy, qos_profile_sensor_data
+from rclpy.qos import qos_profile_sensor_data
 
-from bpu_vlm_msgs.msg import Token
+from bpu_vlm_client import VlmClient
 from bpu_vlm_msgs.srv import Ask
 from sensor_msgs.msg import Image
 
@@ -37,12 +37,24 @@ def image_msg(path):
     return msg
 
 
+def publish_image(node, path, topic):
+    """Publishes `path` a few times on `topic` while discovery settles, as a camera does."""
+    pub = node.create_publisher(Image, topic, qos_profile_sensor_data)
+    msg = image_msg(path)
+    for _ in range(10):
+        msg.header.stamp = node.get_clock().now().to_msg()
+        pub.publish(msg)
+        time.sleep(0.1)
+    print(f'[ask] published {path} on {topic}', flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument('prompt')
     p.add_argument('--image', help='picture to publish on --camera-topic before asking')
     p.add_argument('--camera-topic', default='/image_raw')
     p.add_argument('--camera', default='', help='Ask.camera ("" = default, "none" = text only)')
+    p.add_argument('--namespace', default='', help="the node's namespace (e.g. /r2)")
     p.add_argument('--session', default='')
     p.add_argument('--temperature', type=float, default=-1.0)
     p.add_argument('--max-new-tokens', type=int, default=0)
@@ -53,67 +65,41 @@ def main():
     args = p.parse_args()
 
     rclpy.init()
-    node = rclpy.create_node('vlm_ask')
-    deadline = time.monotonic() + args.timeout
-    client = node.create_client(Ask, '/ask')
-    print('[ask] waiting for /ask (the node offers it once the model is loaded) ...', flush=True)
-    if not client.wait_for_service(timeout_sec=args.timeout):
-        raise SystemExit('/ask not offered within the timeout')
-
-    tokens_qos = QoSProfile(depth=4096, reliability=ReliabilityPolicy.RELIABLE,
-                            history=HistoryPolicy.KEEP_LAST)
-    state = {'id': None, 'last': None, 'pending': []}
-
-    def on_token(t):
-        if state['id'] is None:
-            state['pending'].append(t)
-            return
-        if t.request_id != state['id']:
-            return
-        if t.text:
-            sys.stdout.write(t.text)
-            sys.stdout.flush()
-        if t.last:
-            state['last'] = t
-
-    node.create_subscription(Token, '/vlm/tokens', on_token, tokens_qos)
+    vlm = VlmClient(namespace=args.namespace, timeout=args.timeout)
+    print(f"[ask] waiting for {vlm.names['ask']} (the node offers it once the model is loaded) ...",
+          flush=True)
+    try:
+        vlm.wait_for_node()
+    except TimeoutError as e:
+        raise SystemExit(str(e)) from None
     if args.image:
-        pub = node.create_publisher(Image, args.camera_topic, qos_profile_sensor_data)
-        msg = image_msg(args.image)
-        # Publish a few times while discovery settles, as a camera streams frames.
-        for _ in range(10):
-            msg.header.stamp = node.get_clock().now().to_msg()
-            pub.publish(msg)
-            rclpy.spin_once(node, timeout_sec=0.1)
-        print(f'[ask] published {args.image} on {args.camera_topic}', flush=True)
-    time.sleep(0.3)
-
-    req = Ask.Request(prompt=args.prompt, camera=args.camera, session_id=args.session,
-                      temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                      enable_thinking=Ask.Request.ENABLE_THINKING_ON if args.think else Ask.Request.ENABLE_THINKING_DEFAULT)
+        publish_image(vlm.node, args.image, args.camera_topic)
+    fields = dict(camera=args.camera, session_id=args.session, temperature=args.temperature,
+                  max_new_tokens=args.max_new_tokens,
+                  enable_thinking=Ask.Request.ENABLE_THINKING_ON if args.think
+                  else Ask.Request.ENABLE_THINKING_DEFAULT)
     if args.json_schema:
         with open(args.json_schema, encoding='utf-8') as f:
-            req.json_schema = f.read()
-    req.request_id = f'vlm-ask-{int(time.time() * 1000)}'
-    state['id'] = req.request_id
-    for t in state['pending']:
-        on_token(t)
-    print(f'[ask] /ask {{prompt: {args.prompt!r}}} -> streaming /vlm/tokens:', flush=True)
-    future = client.call_async(req)
-    while (not future.done() or state['last'] is None) and time.monotonic() < deadline:
-        rclpy.spin_once(node, timeout_sec=0.05)
+            fields['json_schema'] = f.read()
+    try:
+        stream = vlm.stream(args.prompt, reasoning=True, **fields)
+        print(f"[ask] {vlm.names['ask']} {{prompt: {args.prompt!r}}} -> streaming "
+              f"{vlm.names['tokens']}:", flush=True)
+        for delta in stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except TimeoutError as e:
+        raise SystemExit(str(e)) from None
     print()
-    if not future.done():
-        raise SystemExit('/ask did not respond within the timeout')
-    r = future.result()
+    r = stream.response
     print(f'[ask] success={r.success} finish_reason={r.finish_reason!r} '
           f'error_code={r.error_code!r} {r.error_message}')
     print(f'[ask] image_source={r.image_source!r} image={r.image_width}x{r.image_height} '
           f'prompt_tokens={r.prompt_tokens} '
           f'completion_tokens={r.completion_tokens} ttft={r.ttft_s:.3f}s '
           f'decode={r.decode_tokens_per_s:.1f} tok/s')
-    node.destroy_node()
-    rclpy.shutdown()
+    vlm.close()
+    rclpy.try_shutdown()
     return 0 if r.success else 1
 
 

@@ -1,0 +1,296 @@
+"""`VlmClient`: vlm_node's /ask service, its Token stream and its Ask action from Python.
+
+The node publishes every request's deltas on one topic; a client that wants only its own
+must name its request (`request_id`) and be subscribed before the first delta goes out.
+`stream` does both: it picks a random id (never starting with `req-`, which the node keeps
+for the ids it assigns), waits until the node's tokens publisher is matched, then calls.
+"""
+
+import threading
+import time
+import uuid
+
+import rclpy
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+from bpu_vlm_msgs.action import Ask as AskAction
+from bpu_vlm_msgs.msg import Token
+from bpu_vlm_msgs.srv import Ask, Cancel
+
+# Error codes of a request the node answered after admitting it: its Tokens (with one
+# `last`) were published. Any other failure was refused before generation and has none.
+ADMITTED_ERRORS = ('cancelled', 'timeout', 'backend_error', 'context_overflow', 'incomplete')
+
+# As the node publishes: reliable, deep enough for a long answer arriving in a burst.
+TOKENS_QOS = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=4096,
+                        reliability=ReliabilityPolicy.RELIABLE)
+
+
+def resolve(namespace, name):
+    """The absolute name `name` has for a node in `namespace` (absolute names stay)."""
+    if name.startswith('/'):
+        return name
+    ns = '/' + namespace.strip('/') if namespace.strip('/') else ''
+    return f'{ns}/{name}'
+
+
+def new_request_id():
+    return 'c-' + uuid.uuid4().hex
+
+
+def admitted(response):
+    """Whether the node generated for this response's request (so its Tokens exist)."""
+    return bool(response.success or response.error_code in ADMITTED_ERRORS
+                or response.finish_reason)
+
+
+def request_of(kind, prompt, fields):
+    req = kind()
+    req.prompt = prompt
+    for key, value in fields.items():
+        if not hasattr(req, key):
+            raise TypeError(f'{kind.__name__} has no field {key!r}')
+        setattr(req, key, value)
+    return req
+
+
+class _Deltas:
+    """Tokens of one request, handed out in `index` order."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.pending = {}
+        self.next = 0
+        self.done = False
+
+    def add(self, token):
+        with self.cond:
+            self.pending[token.index] = token
+            self.cond.notify_all()
+
+    def take(self, until, give_up):
+        """The next Token in order; None once the last was taken, `give_up()` says so, or
+        `until` (monotonic) passed."""
+        with self.cond:
+            while not self.done:
+                token = self.pending.pop(self.next, None)
+                if token is not None:
+                    self.next += 1
+                    self.done = token.last
+                    return token
+                if give_up() or time.monotonic() >= until:
+                    return None
+                self.cond.wait(timeout=0.05)
+            return None
+
+
+class Stream:
+    """One request's answer as it streams: iterate for text deltas (in order, answer text
+    only unless `reasoning=True`); afterwards `response` holds the service response (or
+    the action result) and `finish_reason` the last Token's reason."""
+
+    def __init__(self, client, request_id, reasoning, timeout):
+        self.request_id = request_id
+        self.response = None
+        self.finish_reason = ''
+        self._client = client
+        self._reasoning = reasoning
+        self._timeout = timeout
+        self._deltas = client._register(request_id)
+        self._done = None  # set by the caller: () -> the response once it arrived, else None
+
+    def __iter__(self):
+        until = time.monotonic() + self._timeout
+        try:
+            while True:
+                refused = self._refused
+                token = self._deltas.take(until, refused)
+                if token is None:
+                    break
+                if token.last:
+                    self.finish_reason = token.finish_reason
+                if token.text and (self._reasoning or not token.reasoning):
+                    yield token.text
+            self.response = self._client._wait(self._done, until, self.request_id)
+        finally:
+            self._client._unregister(self.request_id)
+
+    def _refused(self):
+        r = self._done()
+        return r is not None and not admitted(r)
+
+    def text(self):
+        """Consumes the stream; returns the whole answer text."""
+        return ''.join(self)
+
+
+class Goal:
+    """An Ask action goal: `stream()` its deltas, `cancel()` it, `result()` when done."""
+
+    def __init__(self, client, handle, stream):
+        self._client = client
+        self._handle = handle
+        self._stream = stream
+        self._result = handle.get_result_async()
+        stream._done = lambda: (self._result.result().result if self._result.done() else None)
+
+    @property
+    def request_id(self):
+        return self._stream.request_id
+
+    def stream(self):
+        return self._stream
+
+    def cancel(self, timeout=10.0):
+        """Asks the node to cancel the goal; True when it accepted the cancel."""
+        f = self._handle.cancel_goal_async()
+        resp = self._client._wait(lambda: f.result() if f.done() else None,
+                                  time.monotonic() + timeout, self.request_id)
+        return bool(resp.goals_canceling)
+
+    def result(self, timeout=None):
+        """The action result (the same fields as the Ask response)."""
+        until = time.monotonic() + (self._stream._timeout if timeout is None else timeout)
+        return self._client._wait(self._stream._done, until, self.request_id)
+
+
+class VlmClient:
+    """A client of one vlm_node. `namespace` is the node's namespace (its services and
+    topics are resolved under it, as the node resolves its relative names); the other names
+    are the node's parameters of the same name. Without `node`, the client creates one and
+    spins it on a background thread; with `node`, the caller spins it (an executor with more
+    than one thread, so callbacks run while a call waits)."""
+
+    def __init__(self, node=None, namespace='', *, ask_service='ask',
+                 tokens_topic='vlm/tokens', cancel_service='vlm/cancel',
+                 action_name='vlm/ask', timeout=120.0):
+        if not rclpy.ok():
+            rclpy.init()
+        self._own = node is None
+        self.node = node or rclpy.create_node(f'bpu_vlm_client_{uuid.uuid4().hex[:8]}')
+        self.timeout = timeout
+        self.names = {key: resolve(namespace, name) for key, name in [
+            ('ask', ask_service), ('tokens', tokens_topic), ('cancel', cancel_service),
+            ('action', action_name)]}
+        self._lock = threading.Lock()
+        self._streams = {}
+        self._matched = False
+        self.node.create_subscription(Token, self.names['tokens'], self._on_token, TOKENS_QOS)
+        self._ask = self.node.create_client(Ask, self.names['ask'])
+        self._cancel = self.node.create_client(Cancel, self.names['cancel'])
+        self._action = ActionClient(self.node, AskAction, self.names['action'])
+        self._executor = None
+        if self._own:
+            self._executor = MultiThreadedExecutor(num_threads=2)
+            self._executor.add_node(self.node)
+            threading.Thread(target=self._executor.spin, daemon=True).start()
+
+    def close(self):
+        if self._executor is not None:
+            self._executor.shutdown()
+        if self._own:
+            self.node.destroy_node()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def wait_for_node(self):
+        """Waits until the node offers /ask (it does once its model is loaded) and its
+        tokens publisher is discovered; raises TimeoutError after `timeout`."""
+        self._ready(self._ask.wait_for_service, 'service ' + self.names['ask'])
+        self._tokens_matched()
+
+    # -- the three ways to ask ---------------------------------------------------------
+
+    def ask(self, prompt, **fields):
+        """Calls /ask and returns its response (`answer`, `success`, `error_code`, ...)."""
+        self._ready(self._ask.wait_for_service, 'service ' + self.names['ask'])
+        fut = self._ask.call_async(request_of(Ask.Request, prompt, fields))
+        return self._wait(lambda: fut.result() if fut.done() else None,
+                          time.monotonic() + self.timeout, fields.get('request_id', ''))
+
+    def stream(self, prompt, reasoning=False, **fields):
+        """Calls /ask and returns a `Stream` of this request's text deltas only."""
+        self._ready(self._ask.wait_for_service, 'service ' + self.names['ask'])
+        self._tokens_matched()
+        fields.setdefault('request_id', new_request_id())
+        s = Stream(self, fields['request_id'], reasoning, self.timeout)
+        fut = self._ask.call_async(request_of(Ask.Request, prompt, fields))
+        s._done = lambda: fut.result() if fut.done() else None
+        return s
+
+    def send_goal(self, prompt, reasoning=False, **fields):
+        """Sends an Ask action goal; returns a `Goal` (stream, cancel, result). Raises
+        RuntimeError when the node rejects the goal."""
+        self._ready(self._action.wait_for_server, 'action ' + self.names['action'])
+        self._tokens_matched()
+        fields.setdefault('request_id', new_request_id())
+        s = Stream(self, fields['request_id'], reasoning, self.timeout)
+        sent = self._action.send_goal_async(request_of(AskAction.Goal, prompt, fields))
+        handle = self._wait(lambda: sent.result() if sent.done() else None,
+                            time.monotonic() + self.timeout, fields['request_id'])
+        if not handle.accepted:
+            self._unregister(fields['request_id'])
+            raise RuntimeError(f'goal {fields["request_id"]} rejected by the node')
+        return Goal(self, handle, s)
+
+    def cancel(self, request_id):
+        """Calls /vlm/cancel for `request_id`; returns the response."""
+        self._ready(self._cancel.wait_for_service, 'service ' + self.names['cancel'])
+        req = Cancel.Request()
+        req.request_id = request_id
+        fut = self._cancel.call_async(req)
+        return self._wait(lambda: fut.result() if fut.done() else None,
+                          time.monotonic() + self.timeout, request_id)
+
+    # -- plumbing --------------------------------------------------------------------
+
+    def _on_token(self, token):
+        with self._lock:
+            deltas = self._streams.get(token.request_id)
+        if deltas is not None:
+            deltas.add(token)
+
+    def _register(self, request_id):
+        with self._lock:
+            if request_id in self._streams:
+                raise ValueError(f'request id {request_id!r} is already streaming')
+            deltas = self._streams[request_id] = _Deltas()
+        return deltas
+
+    def _unregister(self, request_id):
+        with self._lock:
+            self._streams.pop(request_id, None)
+
+    def _ready(self, wait, what):
+        if not wait(timeout_sec=self.timeout):
+            raise TimeoutError(f'{what} not available after {self.timeout} s')
+
+    def _tokens_matched(self):
+        """Waits until the node's tokens publisher is discovered: Tokens sent before that
+        would not reach this subscription."""
+        if self._matched:
+            return
+        until = time.monotonic() + self.timeout
+        while self.node.count_publishers(self.names['tokens']) == 0:
+            if time.monotonic() >= until:
+                raise TimeoutError(f'no publisher on {self.names["tokens"]}')
+            time.sleep(0.02)
+        # Discovery names the publisher a moment before its writer is matched to us.
+        time.sleep(0.3)
+        self._matched = True
+
+    @staticmethod
+    def _wait(result, until, what):
+        while True:
+            r = result()
+            if r is not None:
+                return r
+            if time.monotonic() >= until:
+                raise TimeoutError(f'no answer for {what!r} in time')
+            time.sleep(0.005)

@@ -1,0 +1,100 @@
+//! The Python client package `bpu_vlm_client` (client/) against the real `vlm_node` over a
+//! real ROS 2 graph (peer: `tests/peers/client_peer.py`): `stream` yields only its own
+//! request's text, in order, while another client's request streams on the same topic; the
+//! action goal streams and cancels; a refused request ends its stream at once; a node in a
+//! namespace is reached by naming it. The node runs the embedded tiny model on the BPU
+//! simulator, each BPU task slowed so two requests overlap.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use common::node_proc::{domain, start_demo_node_with};
+use common::ros_env;
+
+/// One node at a time: a node and its peer keep the 2 cores busy.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Runs `vlm_node` (with `ros_args`) and the client peer in `mode`; the peer's report.
+async fn run(mode: &str, ros_args: &[&str], extra: &[&str]) -> anyhow::Result<Value> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let env = vec![("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=20".to_owned())];
+    let node = start_demo_node_with(&d, ros_args, &[("queue_depth", "4")], &env)?;
+    let args: Vec<&str> = [mode].into_iter().chain(extra.iter().copied()).collect();
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/client_peer.py",
+            &args,
+            Duration::from_secs(300),
+        )
+        .await?;
+    Ok(rep[mode].clone())
+}
+
+fn texts(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_yields_only_its_own_text_in_order() -> anyhow::Result<()> {
+    let rep = run("streams", &[], &[]).await?;
+    let resp = &rep["response"];
+    assert_eq!(resp["success"], true, "{rep}");
+    assert_eq!(resp["request_id"], rep["request_id"], "{rep}");
+    let id = rep["request_id"].as_str().unwrap();
+    assert!(!id.starts_with("req-"), "a client id never takes the node's prefix: {id}");
+    let deltas = texts(&rep["deltas"]);
+    assert!(!deltas.is_empty(), "{rep}");
+    // Its own text, whole and in order: the deltas make the final answer.
+    assert_eq!(deltas.concat(), resp["answer"].as_str().unwrap(), "{rep}");
+    assert_eq!(rep["finish_reason"], resp["finish_reason"], "{rep}");
+    // The other client's request streamed on the same topic meanwhile, and none of its
+    // text is in this stream (the two prompts differ, so the answers do).
+    let other = &rep["other"];
+    assert!(rep["other_tokens_while_streaming"].as_u64().unwrap() > 0, "{rep}");
+    let other_tokens = other["tokens"].as_array().unwrap();
+    assert!(other_tokens.iter().all(|t| t["request_id"] == "other-1"));
+    assert!(other_tokens.len() > deltas.len(), "{rep}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_goal_streams_and_cancels_in_a_namespace() -> anyhow::Result<()> {
+    let rep = run(
+        "action",
+        &["-r", "__ns:=/r2"],
+        &["--namespace", "/r2"],
+    )
+    .await?;
+    let result = &rep["result"];
+    assert_eq!(result["success"], true, "{rep}");
+    assert_eq!(
+        texts(&rep["deltas"]).concat(),
+        result["answer"].as_str().unwrap(),
+        "{rep}"
+    );
+    assert_eq!(rep["cancel_accepted"], true, "{rep}");
+    assert!(rep["cancel_first"].is_string(), "a first delta before the cancel: {rep}");
+    assert_eq!(rep["cancel_result"]["error_code"], "cancelled", "{rep}");
+    assert_eq!(rep["cancel_finish"], "cancelled", "{rep}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_ends_its_stream_with_the_response() -> anyhow::Result<()> {
+    let rep = run("refused", &[], &[]).await?;
+    assert!(texts(&rep["deltas"]).is_empty(), "{rep}");
+    assert_eq!(rep["response"]["success"], false, "{rep}");
+    assert_eq!(rep["response"]["error_code"], "invalid_request", "{rep}");
+    Ok(())
+}

@@ -1,0 +1,89 @@
+"""rclpy peer for tests/node_client.rs: the bpu_vlm_client package against the real node.
+
+Run with .ros2/venv/bin/python after `source .ros2/setup.bash`. Prints "REPORT <json>" and
+"PEER OK" (node_peer.report_and_exit).
+
+  streams   a long ask from another client (plain rclpy, its own request id) runs while
+            `VlmClient.stream` asks; the report has the stream's deltas, its response, and
+            the other request's Tokens as seen on the topic
+  action    `send_goal` streamed to its end, then a goal cancelled after its first delta
+  refused   `stream` of a request the node refuses (NaN temperature): no delta, a response
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import rclpy  # noqa: E402
+
+from bpu_vlm_client import VlmClient  # noqa: E402
+from node_peer import Peer, peer_arguments, plain, report_and_exit  # noqa: E402
+
+
+def mode_streams(a):
+    other = Peer(a)  # the other client, on its own node
+    other.wait_ask()
+    vlm = VlmClient(namespace=a.namespace, timeout=a.timeout)
+    req, fut = other.ask_async(request_id='other-1', prompt=a.prompt, camera='none',
+                               temperature=0.0, max_new_tokens=a.long_tokens)
+    # Wait until the other request streams, so the two overlap on the topic.
+    end = time.monotonic() + a.timeout
+    while time.monotonic() < end:
+        with other.lock:
+            if other.tokens.get('other-1'):
+                break
+        time.sleep(0.01)
+    s = vlm.stream(a.prompt2, camera='none', temperature=0.0, max_new_tokens=a.max_new_tokens)
+    deltas = list(s)
+    with other.lock:
+        other_during = len(other.tokens.get('other-1', []))
+    other_done = other.finish(req, fut)
+    return {'deltas': deltas, 'request_id': s.request_id, 'finish_reason': s.finish_reason,
+            'response': plain(s.response), 'other': other_done,
+            'other_tokens_while_streaming': other_during}
+
+
+def mode_action(a):
+    vlm = VlmClient(namespace=a.namespace, timeout=a.timeout)
+    g = vlm.send_goal(a.prompt, camera='none', temperature=0.0,
+                      max_new_tokens=a.max_new_tokens)
+    deltas = list(g.stream())
+    done = plain(g.result())
+    c = vlm.send_goal(a.prompt, camera='none', temperature=0.0, max_new_tokens=a.long_tokens)
+    it = iter(c.stream())
+    first = next(it, None)
+    accepted = c.cancel()
+    rest = list(it)
+    return {'deltas': deltas, 'result': done, 'request_id': g.request_id,
+            'cancel_first': first, 'cancel_accepted': accepted, 'cancel_rest': rest,
+            'cancel_result': plain(c.result()), 'cancel_finish': c.stream().finish_reason}
+
+
+def mode_refused(a):
+    vlm = VlmClient(namespace=a.namespace, timeout=a.timeout)
+    s = vlm.stream(a.prompt, camera='none', temperature=float('nan'))
+    t0 = time.monotonic()
+    deltas = list(s)
+    return {'deltas': deltas, 'response': plain(s.response),
+            'seconds': time.monotonic() - t0}
+
+
+def main():
+    ap = peer_arguments()
+    ap.add_argument('mode', choices=['streams', 'action', 'refused'])
+    ap.add_argument('--namespace', default='')
+    ap.add_argument('--prompt', default='What is in the picture?')
+    ap.add_argument('--prompt2', default='Describe the robot.')
+    ap.add_argument('--max-new-tokens', type=int, default=24)
+    ap.add_argument('--long-tokens', type=int, default=200)
+    ap.add_argument('--timeout', type=float, default=120.0)
+    a = ap.parse_args()
+    rclpy.init()
+    report_and_exit(lambda: {a.mode: {'streams': mode_streams, 'action': mode_action,
+                                      'refused': mode_refused}[a.mode](a)})
+
+
+if __name__ == '__main__':
+    main()
