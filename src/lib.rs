@@ -23,8 +23,8 @@
 //! action `vlm/ask`, each goal on the service's path with its Tokens as feedback;
 //! [`process::signals`]: SIGINT, SIGTERM; `model` opens the model, [`embedded`] is the demo
 //! model, `demo_model`); `diagnostics` reports on `/diagnostics` (the level judged by
-//! `health`); [`ros::rosout`] sends warnings to `/rosout`; [`ros::log_level`] sets the stderr
-//! log level from `--ros-args --log-level`.
+//! `health`); [`ros::rosout`] sends logs to `/rosout` (`rosout_level`); [`ros::log_level`]
+//! sets the stderr log level from `--ros-args --log-level`.
 //!
 //! Failures stay as small as they can: every string bound for a message passes `ros::text`
 //! (a NUL from the model cannot panic r2r), each request is served inside

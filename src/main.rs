@@ -2,8 +2,8 @@
 //! thread, serves `/ask` once it is warm, and exits cleanly on SIGINT or SIGTERM. ROS
 //! arguments (`--ros-args ...`) are read by rcl from the command line. Logs go to stderr
 //! through `tracing`, at the level of `--ros-args --log-level` (else `RUST_LOG`, else `info`;
-//! [`bpu_vlm::ros::log_level`]); warnings and errors also go to `/rosout` under the node's name,
-//! whatever the level says.
+//! [`bpu_vlm::ros::log_level`]); logs at the parameter `rosout_level` (default INFO) and above
+//! also go to `/rosout` under the node's logger, whatever the stderr level says.
 //!
 //! Exit codes ([`bpu_vlm::process::fatal`]), so a supervisor can tell a restart from a fix:
 //! - 0: stopped by SIGINT or SIGTERM;

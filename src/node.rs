@@ -41,10 +41,11 @@ use crate::request::context::AskContext;
 use crate::request::structured;
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
-use crate::ros::names::{self, NODE_NAME};
+use crate::ros::names::NODE_NAME;
 use crate::ros::param_server::{LiveParams, ParamServer};
 use crate::ros::params::Params;
 use crate::ros::qos::{answers_qos, requests_qos, tokens_qos};
+use crate::ros::remap::{NodeNames, RemapRules};
 use crate::ros::rosout::RosoutTarget;
 use crate::ros::spin::{Drains, NodeOps, SpinError, SpinThread};
 use crate::ros::text::NulCount;
@@ -115,7 +116,7 @@ fn ros<T>(action: impl FnOnce() -> String, result: r2r::Result<T>) -> Result<T, 
 }
 
 /// Creates, runs and stops the node; returns when `shutdown` completes (or the model fails
-/// to load). Warnings go to `/rosout` through `rosout` from the node's creation on. The
+/// to load). Logs go to `/rosout` through `rosout` from the node's creation on. The
 /// steps, in order: start-up (entities on this thread, then the spin thread and the worker),
 /// waiting for the model, serving until a stop, and the shutdown sequence of the module doc.
 pub async fn run(
@@ -123,8 +124,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
     rosout: &RosoutTarget,
 ) -> Result<(), NodeError> {
-    let (mut node, namespace) = create_node(ctx, rosout)?;
+    let (mut node, node_names) = create_node(ctx, rosout)?;
     let params = read_params(&mut node)?;
+    rosout.set_level(params.rosout_level);
     // Asks read a snapshot of these; `ros2 param set` replaces it.
     let live = LiveParams::new(params.clone());
     // The request streams the spin thread empties after each spin (`ros::spin`).
@@ -141,13 +143,13 @@ pub async fn run(
         node.create_service::<Cancel::Service>(&params.cancel_service, requests_qos()),
     )?);
     tasks.push(tokio::spawn(ask::serve_cancels(cancels, registry.clone())));
-    let cameras = subscribe_cameras(&mut node, &params, &namespace, &mut tasks)?;
+    let cameras = subscribe_cameras(&mut node, &params, &node_names, &mut tasks)?;
 
     let (spin, ops) = SpinThread::start_draining(node, drains)?;
     let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
     let nuls = NulCount::default();
     let diag = Diagnostics {
-        name: diagnostics::status_name(&names::full_name(&namespace, NODE_NAME)),
+        name: diagnostics::status_name(&node_names.full_name),
         board: crate::health::board(),
         clock: clock.clone(),
         nuls: nuls.clone(),
@@ -218,16 +220,28 @@ pub async fn run(
     stopped.stop(result).await
 }
 
-/// Creates the node and sends warnings to `/rosout` from now on; returns it with its
-/// namespace.
-fn create_node(ctx: r2r::Context, rosout: &RosoutTarget) -> Result<(r2r::Node, String), NodeError> {
-    let node = ros(
+/// Creates the node and sends logs to `/rosout` from now on; returns it with its names
+/// as rcl gave them (`--ros-args -r __node:=… -r __ns:=…` applied) and the remapping rules.
+fn create_node(
+    ctx: r2r::Context,
+    rosout: &RosoutTarget,
+) -> Result<(r2r::Node, NodeNames), NodeError> {
+    let mut node = ros(
         || format!("create node {NODE_NAME:?}"),
         r2r::Node::create(ctx, NODE_NAME, ""),
     )?;
-    rosout.attach(node.logger());
-    let namespace = ros(|| "read the node's namespace".to_owned(), node.namespace())?;
-    Ok((node, namespace))
+    ros(
+        || "create publisher /rosout".into(),
+        rosout.attach_node(&mut node),
+    )?;
+    let read = |what: &str, r| ros(|| format!("read the node's {what}"), r);
+    let names = NodeNames {
+        name: read("name", node.name())?,
+        namespace: read("namespace", node.namespace())?,
+        full_name: read("full name", node.fully_qualified_name())?,
+        rules: RemapRules::from_args(std::env::args()),
+    };
+    Ok((node, names))
 }
 
 /// Reads the node's parameters (defaults overridden by the command line / params file); the
@@ -314,15 +328,15 @@ fn create_publishers(node: &mut r2r::Node, params: &Params) -> Result<Publishers
 fn subscribe_cameras(
     node: &mut r2r::Node,
     params: &Params,
-    namespace: &str,
+    names: &NodeNames,
     tasks: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> Result<Option<Arc<CameraCache>>, NodeError> {
     if !params.vision {
         return Ok(None);
     }
-    // The cache lists each camera by its resolved name (what `image_source` reports); the
-    // configured names stay valid for a request's `camera`.
-    let resolved = |t: &str| names::expand(t, namespace, NODE_NAME);
+    // The cache lists each camera by its resolved name, remapping applied (what
+    // `image_source` reports); the configured names stay valid for a request's `camera`.
+    let resolved = |t: &str| names.resolve(t);
     let configured = cameras::topics(params);
     let cache = CameraCache::new(
         CacheConfig {

@@ -85,6 +85,11 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
         rep["diagnostics"]
     );
     assert_eq!(rep["diagnostics"]["model"], "tiny-4b-embedded");
+    // INFO reaches /rosout (rosout_level's default), under the node's logger.
+    assert_eq!(
+        rep["rosout_ready"],
+        serde_json::json!([["robot1.vlm_node", 20]])
+    );
 
     let names = |k: &str| -> Vec<String> { serde_json::from_value(rep[k].clone()).unwrap() };
     let (topics, services) = (names("node_topics"), names("node_services"));
@@ -132,6 +137,66 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
             "{gone} is offered in the root namespace"
         );
     }
+    Ok(())
+}
+
+/// Renamed, moved and its camera remapped, as the launch arguments `name`, `namespace` and
+/// `remappings:=image_raw:=/my_cam/image` start it: `/diagnostics` names `/r2/vlm_front`,
+/// answers name the camera `/my_cam/image` (its subscription is there, not on
+/// `/r2/image_raw`), and "ready" reaches `/rosout` under `r2.vlm_front`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renamed_node_reports_its_actual_names() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    let remaps = ["__node:=vlm_front", "__ns:=/r2", "image_raw:=/my_cam/image"];
+    let ros_args: Vec<&str> = remaps.iter().flat_map(|r| ["-r", r]).collect();
+    let node = start_node_with(&d, &ros_args, &[], &env)?;
+    let max_new = MAX_NEW.to_string();
+    let mut args = vec!["namespace", "--max-new-tokens", &max_new];
+    args.extend(["--ask", "/r2/ask", "--cancel", "/r2/vlm/cancel"]);
+    args.extend(["--tokens", "/r2/vlm/tokens", "--answers", "/r2/vlm/answers"]);
+    args.extend([
+        "--camera",
+        "/my_cam/image",
+        "--status-name",
+        "/r2/vlm_front: engine",
+    ]);
+    args.extend(["--node-ns", "/r2", "--node-name", "vlm_front"]);
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/node_peer.py",
+            &args,
+            Duration::from_secs(180),
+        )
+        .await?;
+    for case in ["default", "configured", "resolved"] {
+        ok(case, &rep[case]);
+        assert_eq!(
+            rep[case]["response"]["image_source"], "/my_cam/image",
+            "{case}"
+        );
+    }
+    // The peer kept only the status named "/r2/vlm_front: engine".
+    assert_eq!(
+        rep["diagnostics"]["model"], "tiny-4b-embedded",
+        "{}",
+        rep["diagnostics"]
+    );
+    assert_eq!(
+        rep["rosout_ready"],
+        serde_json::json!([["r2.vlm_front", 20]])
+    );
+    let topics: Vec<String> = serde_json::from_value(rep["node_topics"].clone())?;
+    assert!(topics.iter().any(|t| t == "/my_cam/image"), "{topics:?}");
+    assert!(
+        !topics.iter().any(|t| t.ends_with("image_raw")),
+        "{topics:?}"
+    );
+    assert!(topics.iter().any(|t| t == "/r2/vlm/tokens"), "{topics:?}");
     Ok(())
 }
 

@@ -45,6 +45,7 @@ for f in \
   install/bpu_vlm/lib/bpu_vlm/vlm_node \
   install/bpu_vlm/share/bpu_vlm/package.xml \
   install/bpu_vlm/share/bpu_vlm/launch/vlm.launch.py \
+  install/bpu_vlm/share/bpu_vlm/launch/vlm_camera.launch.py \
   install/bpu_vlm/share/bpu_vlm/launch/vlm_params.yaml \
   install/bpu_vlm/share/bpu_vlm/launch/fastdds_large_frames.xml \
   install/bpu_vlm/share/ament_index/resource_index/packages/bpu_vlm \

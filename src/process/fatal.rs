@@ -6,7 +6,8 @@
 //! reports ERROR on `/diagnostics`, answers what is queued, shuts down and exits with
 //! [`EXIT_RUNTIME`], so a supervisor (the launch file's respawn, systemd) starts a fresh
 //! process. A configuration that cannot work exits with [`EXIT_CONFIG`] instead: restarting
-//! with the same parameters and files fails the same way.
+//! with the same parameters and files fails the same way, so the launch file does not respawn
+//! after it (launch/vlm.launch.py, `NO_RESPAWN_EXIT_CODES`).
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -1,17 +1,19 @@
 //! The level of the node's stderr log (`tracing`): the ROS way first, so `ros2 run` and the
 //! launch file's `log_level` reach it, not only rcutils.
 //!
-//! 1. `--ros-args --log-level vlm_node:=LEVEL` (the node's own logger), else
-//!    `--ros-args --log-level LEVEL` (the default level), as rcl reads them;
+//! 1. `--ros-args --log-level vlm_node:=LEVEL` (the node's own logger: `r2.vlm_front` under
+//!    `-r __node:=vlm_front -r __ns:=/r2`), else `--ros-args --log-level LEVEL` (the default
+//!    level), as rcl reads them;
 //! 2. else `RUST_LOG` (tracing directives, e.g. `bpu_vlm=debug,vlm=info`);
 //! 3. else `info`.
 //!
 //! ROS levels map to tracing's: `debug`, `info`, `warn`, `error`; `fatal` = `error`.
-//! Warnings and errors also go to `/rosout` whatever this says ([`crate::ros::rosout`]).
+//! `/rosout` has a level of its own, the parameter `rosout_level` ([`crate::ros::rosout`]).
 
 use tracing_subscriber::EnvFilter;
 
 use crate::ros::names::NODE_NAME;
+use crate::ros::remap::{logger_name, RemapRules};
 
 /// The tracing level of a ROS log level name (case-insensitive, as rcutils reads it).
 fn tracing_level(ros: &str) -> Option<&'static str> {
@@ -53,9 +55,17 @@ pub(crate) fn ros_log_level<S: AsRef<str>>(
     own.or(default)
 }
 
+/// The node's logger as rcl will name it, from the renaming rules among `args`.
+fn node_logger<S: AsRef<str>>(args: &[S]) -> String {
+    let rules = RemapRules::from_args(args);
+    let name = rules.node_name(NODE_NAME);
+    logger_name(&rules.namespace(&name, "/"), &name)
+}
+
 /// The stderr filter of `vlm_node` (see the module documentation).
 pub fn stderr_filter<S: AsRef<str>>(args: impl IntoIterator<Item = S>) -> EnvFilter {
-    match ros_log_level(args, NODE_NAME) {
+    let args: Vec<S> = args.into_iter().collect();
+    match ros_log_level(&args, &node_logger(&args)) {
         Some(level) => EnvFilter::new(level),
         None => EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
     }
@@ -123,5 +133,26 @@ mod tests {
             Some("warn")
         );
         assert_eq!(level(&["x", "--ros-args", "--log-level"]), None);
+    }
+
+    #[test]
+    fn the_node_logger_follows_renaming() {
+        assert_eq!(node_logger(&["x"]), "vlm_node");
+        let renamed = [
+            "x",
+            "--ros-args",
+            "-r",
+            "__node:=vlm_front",
+            "-r",
+            "__ns:=/r2",
+            "--log-level",
+            "r2.vlm_front:=debug",
+        ];
+        assert_eq!(node_logger(&renamed), "r2.vlm_front");
+        assert_eq!(
+            ros_log_level(renamed, &node_logger(&renamed)),
+            Some("debug")
+        );
+        assert_eq!(ros_log_level(renamed, "vlm_node"), None);
     }
 }

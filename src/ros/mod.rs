@@ -11,6 +11,7 @@ pub(crate) mod param_server;
 pub mod params;
 pub(crate) mod publish;
 pub mod qos;
+pub(crate) mod remap;
 pub mod rosout;
 pub mod spin;
 pub(crate) mod text;

@@ -6,9 +6,8 @@
 //!
 //! [`expand`] resolves a name as rcl does when an entity is created: the node's answers and
 //! cache keys must name a camera the way the graph does (`image_source`), and a request may
-//! name it either way. Only expansion is done here (relative → under the namespace, `~` → under the node);
-//! `--ros-args -r` remappings are applied by rcl to the subscription but not reflected in
-//! the names reported (r2r 0.9.7 exposes no `rcl_node_resolve_name`).
+//! name it either way. Only expansion is done here (relative → under the namespace, `~` → under
+//! the node); `--ros-args -r` remapping rules are applied on top by [`crate::ros::remap`].
 
 /// Default node name.
 pub(crate) const NODE_NAME: &str = "vlm_node";
@@ -48,11 +47,6 @@ pub(crate) fn expand(name: &str, namespace: &str, node_name: &str) -> String {
     format!("{ns}/{name}")
 }
 
-/// The node's full name (`/vlm_node`, `/robot1/vlm_node`).
-pub(crate) fn full_name(namespace: &str, node_name: &str) -> String {
-    expand(node_name, namespace, node_name)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -66,7 +60,7 @@ mod tests {
         ] {
             assert_eq!(expand(rel, "/", "vlm_node"), abs);
         }
-        assert_eq!(full_name("/", "vlm_node"), "/vlm_node");
+        assert_eq!(expand("vlm_node", "/", "vlm_node"), "/vlm_node");
     }
 
     #[test]
@@ -81,6 +75,9 @@ mod tests {
             expand("~/debug", "/robot1", "vlm_node"),
             "/robot1/vlm_node/debug"
         );
-        assert_eq!(full_name("/robot1", "vlm_node"), "/robot1/vlm_node");
+        assert_eq!(
+            expand("vlm_node", "/robot1", "vlm_node"),
+            "/robot1/vlm_node"
+        );
     }
 }

@@ -265,6 +265,10 @@ declare! {
         forgotten, as rcl_action's result timeout.";
     diagnostics_period_s: f64 = d(1.0), Kind::Seconds(ABOVE_0), Restart,
         "Period of `/diagnostics` (diagnostic_msgs/DiagnosticArray), in seconds.";
+    rosout_level: tracing::Level = s("info"),
+        Kind::Choice(&["debug", "info", "warn", "error"]), Restart,
+        "Least severity of the node's log messages that go to `/rosout` (`rqt_console`), under \
+        the node's logger; rcutils' own level (`--log-level`) may hold back more.";
     session_memory_bytes as "session_memory_mb": usize = i(1024),
         Kind::Mebibytes { min: 0, max: 1 << 20 }, Restart,
         "Memory for parked conversations (state snapshots); the least recently used go first. A \

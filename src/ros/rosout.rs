@@ -1,7 +1,13 @@
 //! `/rosout` for the node's `tracing` events. Code logs once, with `tracing`; `vlm_node`
-//! installs [`layer`] beside its stderr formatter, and every WARN and ERROR event is handed
-//! to rcutils under the node's logger name, from where rcl publishes it on `/rosout`. The
-//! spans around an event lead its text (`ask{request_id=req-3}: ask failed: ...`).
+//! installs [`layer`] beside its stderr formatter, and every event at the parameter
+//! `rosout_level` or above (default INFO, so `rqt_console` shows "ready") goes to `/rosout`
+//! under the node's logger name (remapped: `r2.vlm_front`). The spans around an event lead
+//! its text (`ask{request_id=req-3}: ask failed: ...`).
+//!
+//! WARN and ERROR are handed to rcutils, from where rcl publishes them on `/rosout` (and also
+//! prints them in its console format and writes its log file). INFO and DEBUG are published
+//! by the node's own `/rosout` publisher (`rcl_interfaces/msg/Log`, rcl's `/rosout` QoS):
+//! through rcutils every INFO line would be printed on stderr a second time.
 //!
 //! Two hazards of r2r's logger are handled here, once:
 //! - it builds `CString`s and unwraps them, so a NUL byte would panic in whatever thread
@@ -12,29 +18,117 @@
 use std::borrow::Cow;
 use std::cell::Cell;
 use std::fmt::{self, Write as _};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use r2r::rcl_interfaces::msg::Log;
+use r2r::QosProfile;
 
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record as SpanRecord};
 use tracing::{Event, Level, Metadata, Subscriber};
-use tracing_subscriber::filter::filter_fn;
+use tracing_subscriber::filter::{dynamic_filter_fn, LevelFilter};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-/// The logger events go to. rcl publishes on `/rosout` only for a node's logger, so
+/// The logger events go to, and the least level forwarded (INFO until
+/// [`RosoutTarget::set_level`]). rcl publishes on `/rosout` only for a node's logger, so
 /// nothing is forwarded before `RosoutTarget::attach` names it.
-#[derive(Debug, Clone, Default)]
-pub struct RosoutTarget(Arc<OnceLock<String>>);
+#[derive(Clone, Default)]
+pub struct RosoutTarget(Arc<Target>);
+
+#[derive(Default)]
+struct Target {
+    logger: OnceLock<String>,
+    /// The node's own `/rosout` publisher, for INFO and DEBUG.
+    publisher: OnceLock<Mutex<r2r::Publisher<Log>>>,
+    /// The least level forwarded, as its index in [`LEVELS`].
+    level: AtomicU8,
+}
+
+impl fmt::Debug for RosoutTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RosoutTarget")
+            .field("logger", &self.0.logger.get())
+            .field("level", &self.0.level)
+            .finish_non_exhaustive()
+    }
+}
+
+/// rcl's QoS of `/rosout` publishers: late subscribers get the last lines of 10 s.
+fn rosout_qos() -> QosProfile {
+    QosProfile::default()
+        .keep_last(1000)
+        .reliable()
+        .transient_local()
+        .lifespan(Duration::from_secs(10))
+}
+
+/// The levels [`Target::level`] can hold; index 0, the default, is INFO.
+const LEVELS: [Level; 4] = [Level::INFO, Level::DEBUG, Level::WARN, Level::ERROR];
 
 impl RosoutTarget {
-    /// Names the node's logger (`r2r::Node::logger`, remapping applied). Later calls are
-    /// ignored: one process runs one node.
-    pub(crate) fn attach(&self, logger: &str) {
-        let _ = self.0.set(without_nul(logger).into_owned());
+    /// Names the node's logger (`r2r::Node::logger`, remapping applied) and creates its own
+    /// `/rosout` publisher. Later calls are ignored: one process runs one node.
+    pub(crate) fn attach_node(&self, node: &mut r2r::Node) -> r2r::Result<()> {
+        let publisher = node.create_publisher::<Log>("/rosout", rosout_qos())?;
+        let _ = self.0.publisher.set(Mutex::new(publisher));
+        self.attach(node.logger());
+        Ok(())
+    }
+
+    /// Names the logger events go to.
+    fn attach(&self, logger: &str) {
+        let _ = self.0.logger.set(without_nul(logger).into_owned());
+    }
+
+    /// Publishes an INFO or DEBUG record on the node's `/rosout` publisher, if there is one.
+    fn publish(&self, r: &Record<'_>) {
+        let Some(publisher) = self.0.publisher.get() else {
+            return;
+        };
+        let since_epoch = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        let msg = Log {
+            stamp: r2r::builtin_interfaces::msg::Time {
+                sec: i32::try_from(since_epoch.as_secs()).unwrap_or(i32::MAX),
+                nanosec: since_epoch.subsec_nanos(),
+            },
+            // rcl_interfaces/msg/Log: DEBUG = 10, INFO = 20.
+            level: if r.level == Level::INFO { 20 } else { 10 },
+            name: r.logger.to_owned(),
+            msg: r.text.to_owned(),
+            file: r.file.to_owned(),
+            function: String::new(),
+            line: r.line,
+        };
+        // After the node is gone there is nowhere to publish: the line is on stderr anyway.
+        let _ = publisher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .publish(&msg);
+    }
+
+    /// Events at `level` or above are forwarded from now on (the parameter `rosout_level`).
+    pub(crate) fn set_level(&self, level: Level) {
+        let i = LEVELS.iter().position(|l| *l == level).unwrap_or(0);
+        self.0.level.store(i as u8, Ordering::Relaxed);
     }
 
     fn logger(&self) -> Option<&str> {
-        self.0.get().map(String::as_str)
+        self.0.logger.get().map(String::as_str)
+    }
+
+    /// Whether an event or span is forwarded (spans down to INFO, so the request span's
+    /// fields can lead an event's text).
+    fn wants(&self, m: &Metadata<'_>) -> bool {
+        if m.is_span() {
+            return *m.level() <= Level::INFO;
+        }
+        let least = LEVELS[usize::from(self.0.level.load(Ordering::Relaxed)).min(3)];
+        *m.level() <= least
     }
 }
 
@@ -57,29 +151,38 @@ pub(crate) struct RosoutLayer {
     sink: Mutex<Sink>,
 }
 
-/// The layer, filtered to WARN and above for events. Spans down to INFO are let through too,
-/// so the request span's fields can lead an event's text; the filter is the layer's own, so
-/// `RUST_LOG` (the stderr formatter's filter) neither hides warnings from `/rosout` nor
-/// enables TRACE callsites through it.
+/// The layer, filtered to the target's level for events ([`RosoutTarget::wants`]). The
+/// filter is the layer's own, so `RUST_LOG` (the stderr formatter's filter) neither hides
+/// events from `/rosout` nor enables TRACE callsites through it; it is asked per event (the
+/// level is set once the parameters are read).
 pub fn layer<S>(target: RosoutTarget) -> impl Layer<S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    RosoutLayer::new(target).with_filter(filter_fn(wanted))
+    let filter = filtered(&target);
+    RosoutLayer::new(target).with_filter(filter)
 }
 
-fn wanted(m: &Metadata<'_>) -> bool {
-    if m.is_span() {
-        *m.level() <= Level::INFO
-    } else {
-        *m.level() <= Level::WARN
-    }
+fn filtered<S>(target: &RosoutTarget) -> impl tracing_subscriber::layer::Filter<S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    let target = target.clone();
+    dynamic_filter_fn(move |m, _| target.wants(m)).with_max_level_hint(LevelFilter::DEBUG)
 }
 
 impl RosoutLayer {
-    /// Forwards to rcutils through r2r.
+    /// Forwards WARN and ERROR to rcutils through r2r, the rest to the node's publisher.
     pub(crate) fn new(target: RosoutTarget) -> Self {
-        Self::with_sink(target, Box::new(to_rcutils))
+        let to = target.clone();
+        let sink: Sink = Box::new(move |r| {
+            if r.level <= Level::WARN {
+                to_rcutils(r);
+            } else {
+                to.publish(r);
+            }
+        });
+        Self::with_sink(target, sink)
     }
 
     fn with_sink(target: RosoutTarget, sink: Sink) -> Self {
@@ -241,7 +344,7 @@ mod tests {
             seen.lock().unwrap().push((r.level, r.text.to_owned()));
         });
         Registry::default()
-            .with(RosoutLayer::with_sink(target.clone(), sink).with_filter(filter_fn(wanted)))
+            .with(RosoutLayer::with_sink(target.clone(), sink).with_filter(filtered(target)))
     }
 
     #[test]
@@ -256,6 +359,7 @@ mod tests {
         tracing::subscriber::with_default(capture(&target, seen.clone()), || {
             tracing::warn!("before the node exists");
             target.attach("vlm_node");
+            target.set_level(Level::WARN);
             let _span = tracing::info_span!("ask", request_id = "req\0-1").entered();
             tracing::warn!(quote = "x\0y", "the model said {:?}", "a\0b");
             tracing::info!("not forwarded");
@@ -276,6 +380,35 @@ mod tests {
                         .to_owned()
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn info_and_above_by_default_then_the_level_set() {
+        let target = RosoutTarget::default();
+        target.attach("r2.vlm_front");
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        tracing::subscriber::with_default(capture(&target, seen.clone()), || {
+            tracing::debug!("d1");
+            tracing::info!("ready");
+            tracing::warn!("w1");
+            target.set_level(Level::ERROR);
+            tracing::warn!("w2");
+            tracing::error!("e2");
+            target.set_level(Level::DEBUG);
+            tracing::debug!("d3");
+            tracing::trace!("t3");
+        });
+        let texts: Vec<(Level, String)> = seen.lock().unwrap().clone();
+        assert_eq!(
+            texts,
+            [
+                (Level::INFO, "ready"),
+                (Level::WARN, "w1"),
+                (Level::ERROR, "e2"),
+                (Level::DEBUG, "d3")
+            ]
+            .map(|(l, t)| (l, t.to_owned()))
         );
     }
 
@@ -307,7 +440,7 @@ mod tests {
         };
         let dispatch = tracing::Dispatch::new(
             Registry::default()
-                .with(RosoutLayer::with_sink(target, sink).with_filter(filter_fn(wanted))),
+                .with(RosoutLayer::with_sink(target.clone(), sink).with_filter(filtered(&target))),
         );
         std::thread::scope(|s| {
             for t in 0..4 {

@@ -454,8 +454,16 @@ def mode_text(p, a):
 
 def mode_namespace(p, a):
     """The node under a namespace, with its default (relative) names: a camera on the
-    namespaced image_raw, named as configured and fully resolved; the graph as the node
-    offers it."""
+    namespaced image_raw (or where it is remapped to), named as configured and fully
+    resolved; the graph as the node offers it; its "ready" line on /rosout."""
+    from rcl_interfaces.msg import Log
+    from rclpy.qos import DurabilityPolicy
+    logs = []
+    # /rosout keeps its last lines for late subscribers (transient local), so none is missed.
+    p.node.create_subscription(
+        Log, '/rosout', logs.append,
+        QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE,
+                   durability=DurabilityPolicy.TRANSIENT_LOCAL))
     p.wait_ask()
     rep = {}
     rep['camera_sent'] = p.publish_frames(
@@ -466,7 +474,10 @@ def mode_namespace(p, a):
     while not p.last_diag() and time.monotonic() < p.deadline:
         time.sleep(0.05)
     rep['diagnostics'] = p.last_diag()
-    ns, name = a.node_ns, 'vlm_node'
+    while time.monotonic() < p.deadline and not any('ready' in m.msg for m in list(logs)):
+        time.sleep(0.05)
+    rep['rosout_ready'] = [[m.name, m.level] for m in list(logs) if 'vlm_node ready' in m.msg]
+    ns, name = a.node_ns, a.node_name
     rep['node_topics'] = sorted(
         {t for t, _ in p.node.get_publisher_names_and_types_by_node(name, ns)}
         | {t for t, _ in p.node.get_subscriber_names_and_types_by_node(name, ns)})
@@ -526,6 +537,7 @@ def main():
     ap.add_argument('mode', choices=['answers', 'queue', 'soak', 'sigterm', 'text',
                                      'namespace', 'sim_time'])
     ap.add_argument('--node-ns', default='/')
+    ap.add_argument('--node-name', default='vlm_node')
     ap.add_argument('--camera', default='/cam')
     ap.add_argument('--compressed-camera', default='/cam_compressed')
     ap.add_argument('--silent-camera', default='/cam_silent')

@@ -441,6 +441,28 @@ impl Param for CameraQos {
     }
 }
 
+/// A log level by its ROS name (`fatal` is not one: tracing has no level above ERROR).
+impl Param for tracing::Level {
+    fn read(name: &'static str, kind: &Kind, v: ParameterValue) -> Result<Self, ParamError> {
+        use tracing::Level;
+        let table = [
+            ("debug", Level::DEBUG),
+            ("info", Level::INFO),
+            ("warn", Level::WARN),
+            ("error", Level::ERROR),
+        ];
+        choice(name, kind, v, &table)
+    }
+    fn value(&self, _: &Kind) -> ParameterValue {
+        a_string(match *self {
+            tracing::Level::TRACE | tracing::Level::DEBUG => "debug",
+            tracing::Level::INFO => "info",
+            tracing::Level::WARN => "warn",
+            tracing::Level::ERROR => "error",
+        })
+    }
+}
+
 /// The BPU options parse themselves (their messages name their values).
 macro_rules! parsed {
     ($($t:ty),*) => {$(
