@@ -35,7 +35,7 @@ export AMENT_PREFIX_PATH=$R2/venv CMAKE_PREFIX_PATH=$R2/venv
 unset PYTHONPATH
 # The documented command (README), plus what the PyPI ROS needs here: its Python for
 # rosidl, no tests. The board adds `--release`; a dev build keeps this check quicker.
-colcon build --base-paths src/bpu_vlm src/bpu_vlm/msg --cargo-args --bin vlm_node \
+colcon build --base-paths src/bpu_vlm src/bpu_vlm/msg src/bpu_vlm/client --cargo-args --bin vlm_node \
   --cmake-args -DPython3_EXECUTABLE="$R2/venv/bin/python" -DBUILD_TESTING=OFF \
   --event-handlers console_direct- console_cohesion- summary+ status-
 
@@ -52,12 +52,15 @@ for f in \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/msg/Token.msg \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/srv/Ask.srv \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/action/Ask.action \
-  install/bpu_vlm_msgs/share/ament_index/resource_index/packages/bpu_vlm_msgs; do
+  install/bpu_vlm_msgs/share/ament_index/resource_index/packages/bpu_vlm_msgs \
+  install/bpu_vlm_client/share/ament_index/resource_index/packages/bpu_vlm_client \
+  install/bpu_vlm_client/lib/python*/site-packages/bpu_vlm_client/client.py; do
   if [ -e "$f" ]; then echo "  ok  $f"; else echo "  MISSING $f"; fail=1; fi
 done
-# Only these two packages: the crates under crates/ and hbdnn-sys/ stay out of discovery.
-pkgs=$(colcon list --base-paths src/bpu_vlm src/bpu_vlm/msg --names-only | sort | tr '\n' ' ')
-[ "$pkgs" = "bpu_vlm bpu_vlm_msgs " ] || { echo "  colcon found: $pkgs (want: bpu_vlm bpu_vlm_msgs)"; fail=1; }
+# Only these three packages: the crates under crates/ and hbdnn-sys/ stay out of discovery.
+pkgs=$(colcon list --base-paths src/bpu_vlm src/bpu_vlm/msg src/bpu_vlm/client --names-only | sort | tr '\n' ' ')
+[ "$pkgs" = "bpu_vlm bpu_vlm_client bpu_vlm_msgs " ] ||
+  { echo "  colcon found: $pkgs (want: bpu_vlm bpu_vlm_client bpu_vlm_msgs)"; fail=1; }
 pkgs=$(colcon list --base-paths src --names-only | sort | tr '\n' ' ')
 [ "$pkgs" = "bpu_vlm " ] || { echo "  colcon list --base-paths src found: $pkgs (want: bpu_vlm)"; fail=1; }
 
