@@ -3,7 +3,8 @@
 # vlm_node on the 4B-shaped ctx4k package without weights under the simulator's S100P timing
 # model (prefill_tail pads_first), a 640x480 camera at 10 Hz, ASKS greedy questions at random
 # moments; once with prefill_latest_frame on (the default) and once off. Not a test.
-#   bash tools/bench/fresh-frame.sh [ASKS] ["true false"]   (the prefill_latest_frame values to run)
+#   bash tools/bench/fresh-frame.sh [ASKS] ["true false"] [SEED]
+#   (the prefill_latest_frame values to run; SEED picks the ask moments, default 1)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -29,7 +30,7 @@ for PREFILL in ${2:-true false}; do
     -p prefill_latest_frame:=$PREFILL -p bpu_timeout_s:=60.0 &
   PID=$!
   trap 'kill -INT $PID 2>/dev/null || true' EXIT
-  .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --label "prefill_latest_frame=$PREFILL"
+  .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --seed "${3:-1}" --label "prefill_latest_frame=$PREFILL"
   kill -INT "$PID"
   trap - EXIT
   wait "$PID"
