@@ -14,6 +14,7 @@
 //! - `camera`: a camera message's header check and decoding, on its blocking-pool thread.
 
 /// The environment variable read by debug builds.
+#[cfg(debug_assertions)]
 pub(crate) const ENV: &str = "VLM_NODE_TEST_PANIC";
 
 /// A place where a test may inject a panic.
@@ -27,6 +28,7 @@ pub(crate) enum Site {
     Camera,
 }
 
+#[cfg(debug_assertions)]
 impl Site {
     const ALL: [Self; 6] = [
         Self::Serve,
