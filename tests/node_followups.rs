@@ -136,6 +136,13 @@ async fn answers_report_their_session_turn() -> anyhow::Result<()> {
     for (i, id) in ["s-1", "s-2", "s-3"].into_iter().enumerate() {
         assert_eq!(turn(&rep, id), i as u64 + 1, "{id} (service)");
     }
+    // A turn that fails after admission reports the turn it would have been, and is not
+    // kept: the next ask is that turn again.
+    let late = &rep["asks"]["s-late"];
+    assert_eq!(late["response"]["error_code"], "timeout", "{late}");
+    assert_eq!(late["response"]["session_turn"], 4, "{late}");
+    assert_eq!(late["answer"]["session_turn"], 4, "{late}");
+    assert_eq!(turn(&rep, "s-4"), 4);
     for (i, id) in ["g-1", "g-2", "g-3"].into_iter().enumerate() {
         assert_eq!(turn(&rep, id), i as u64 + 1, "{id} (action result)");
     }

@@ -7,7 +7,7 @@ random (uuid4), as docs/interfaces.md tells clients to choose them. Every ask is
 text ask; after each one the diagnostics update that counts it (requests_served) is kept
 with it ('diag').
 
-  turns   session s over the service (s-1..s-3), session g as action goals (g-1..g-3), then
+  turns   session s over the service (s-1..s-3, s-late timed out, s-4), session g as action goals (g-1..g-3), then
           g continued over the service (g-4); an ask and a goal without a session (none-svc,
           none-act); then 50 goals with an all-zero (malformed) goal id sent straight to the
           action's send_goal service ('malformed': how many were accepted)
@@ -49,6 +49,10 @@ class Turns:
     def ask(self, rid, sid):
         return self._counted(rid, self.p.ask(**greedy(self.a, rid, session_id=sid)))
 
+    def failing(self, rid, sid, **extra):
+        """An ask that fails after admission (not counted in requests_served)."""
+        self.asks[rid] = self.p.ask(**greedy(self.a, rid, session_id=sid, **extra))
+
     def goal(self, rid, sid):
         handle, rid = self.p.send(**greedy(self.a, rid, session_id=sid))
         return self._counted(rid, self.p.result(handle, rid))
@@ -74,6 +78,9 @@ def mode_turns(p, a):
     s, g = uuid.uuid4().hex, uuid.uuid4().hex
     for i in (1, 2, 3):
         t.ask(f's-{i}', s)
+    # Times out (in the queue or at its first token): not kept, so s-4 is turn 4 again.
+    t.failing('s-late', s, timeout_s=0.001)
+    t.ask('s-4', s)
     for i in (1, 2, 3):
         t.goal(f'g-{i}', g)
     t.ask('g-4', g)
