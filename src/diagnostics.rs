@@ -151,6 +151,8 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
         ),
         kv("sessions", s.sessions),
         kv("session_bytes", s.session_bytes),
+        kv("sessions_evicted", s.sessions_evicted),
+        kv("sessions_expired", s.sessions_expired),
         kv("state_snapshots", s.snapshots),
         kv("images_encoded", s.images_encoded),
     ];

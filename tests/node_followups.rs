@@ -3,7 +3,10 @@
 //! request image with the same pixels, adds only its question — `prompt_tokens` equals the
 //! same question asked without an image, the answer is token for token that one, and the
 //! vision tower does not run (`images_encoded` in `/diagnostics`). A newer frame goes in as
-//! usual. The node runs the embedded tiny model on the BPU simulator.
+//! usual. Every answer reports the turn of its session (`session_turn`, peer:
+//! `tests/peers/turns_peer.py`), 1 again once the node dropped the session (evicted or
+//! expired, counted in `/diagnostics`). The node runs the embedded tiny model on the BPU
+//! simulator.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -101,5 +104,126 @@ async fn a_follow_up_on_the_same_frame_adds_only_its_question() -> anyhow::Resul
     check_image_header("r-2", r("r-2"), "req_2", [2, 0]);
     assert_eq!(encoded("r-3"), encoded("r-2") + 1);
     assert_eq!(rows("r-3"), rows("b-2") + IMAGE_BLOCK);
+    Ok(())
+}
+
+/// The `session_turn` of one ask's report, in its response (the action's result for a goal)
+/// and in its Answer on `/vlm/answers`, which must agree.
+fn turn(rep: &Value, id: &str) -> u64 {
+    let r = &rep["asks"][id];
+    ok(id, r);
+    let t = r["response"]["session_turn"].as_u64().unwrap();
+    assert_eq!(r["answer"]["session_turn"], t, "{id}: Answer.session_turn");
+    t
+}
+
+/// Each answer reports the turn of its session: 1, 2, 3 over the service and as action
+/// goals, a session continued from the action over the service, 0 without a session. And a
+/// flood of malformed goals (all refused) gets one rate-limited warning, not one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_report_their_session_turn() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let node = start_demo_node(&d, &[("diagnostics_period_s", "0.05")], &peer_env(&d))?;
+    let (rep, log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/turns_peer.py",
+            &["turns"],
+            Duration::from_secs(300),
+        )
+        .await?;
+    for (i, id) in ["s-1", "s-2", "s-3"].into_iter().enumerate() {
+        assert_eq!(turn(&rep, id), i as u64 + 1, "{id} (service)");
+    }
+    // A turn that fails after admission reports the turn it would have been, and is not
+    // kept: the next ask is that turn again.
+    let late = &rep["asks"]["s-late"];
+    assert_eq!(late["response"]["error_code"], "timeout", "{late}");
+    assert_eq!(late["response"]["session_turn"], 4, "{late}");
+    assert_eq!(late["answer"]["session_turn"], 4, "{late}");
+    assert_eq!(turn(&rep, "s-4"), 4);
+    for (i, id) in ["g-1", "g-2", "g-3"].into_iter().enumerate() {
+        assert_eq!(turn(&rep, id), i as u64 + 1, "{id} (action result)");
+    }
+    assert_eq!(
+        turn(&rep, "g-4"),
+        4,
+        "the service continues the action's session"
+    );
+    assert_eq!(turn(&rep, "none-svc"), 0);
+    assert_eq!(turn(&rep, "none-act"), 0);
+    assert_eq!(rep["asks"]["s-3"]["diag"]["sessions_evicted"], "0");
+
+    assert_eq!(rep["malformed"], 0, "a zero goal id is refused");
+    // The node's own log lines (its /rosout echo repeats each warning without the target).
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("action goal rejected") && l.contains("ask_action"))
+        .count();
+    assert!(
+        (1..=2).contains(&warned),
+        "50 malformed goals gave {warned} warnings (at most one per 5 s)"
+    );
+    Ok(())
+}
+
+/// A session evicted by `session_memory_mb` starts afresh: its next ask reports turn 1, and
+/// diagnostics count the eviction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_session_restarts_at_turn_1_and_is_counted() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let node = start_demo_node(
+        &d,
+        &[("diagnostics_period_s", "0.05"), ("session_memory_mb", "1")],
+        &peer_env(&d),
+    )?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/turns_peer.py",
+            &["evict"],
+            Duration::from_secs(300),
+        )
+        .await?;
+    assert_eq!(turn(&rep, "v-1"), 1);
+    assert_eq!(turn(&rep, "v-2"), 2, "the session was kept");
+    let fillers = rep["fillers"].as_u64().unwrap();
+    assert!(fillers < 64, "no eviction after {fillers} new sessions");
+    for f in 0..fillers {
+        assert_eq!(turn(&rep, &format!("f-{f}")), 1);
+    }
+    let last = &rep["asks"][format!("f-{}", fillers - 1)]["diag"];
+    assert_eq!(last["sessions_evicted"], "1", "{last}");
+    // The least recently used session was v: it starts afresh.
+    assert_eq!(turn(&rep, "v-3"), 1, "v was evicted");
+    Ok(())
+}
+
+/// A session expired after `session_idle_s` starts afresh too, and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_restarts_at_turn_1_and_is_counted() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let node = start_demo_node(
+        &d,
+        &[("diagnostics_period_s", "0.05"), ("session_idle_s", "2.0")],
+        &peer_env(&d),
+    )?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/turns_peer.py",
+            &["expire"],
+            Duration::from_secs(300),
+        )
+        .await?;
+    assert_eq!(turn(&rep, "e-1"), 1);
+    assert_eq!(turn(&rep, "e-2"), 2);
+    let expired = &rep["expired_diag"];
+    assert_eq!(expired["sessions_expired"], "1", "{expired}");
+    assert_eq!(expired["sessions_evicted"], "0", "{expired}");
+    assert_eq!(turn(&rep, "e-3"), 1, "e expired");
     Ok(())
 }

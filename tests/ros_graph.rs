@@ -95,6 +95,7 @@ fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask:
         completion_tokens: u32::try_from(tokens.len())?,
         ttft_s: 0.125,
         decode_tokens_per_s: 42.5,
+        session_turn: 3_000_000_000,
     })
 }
 

@@ -55,7 +55,10 @@ def main():
     p.add_argument('--camera-topic', default='/image_raw')
     p.add_argument('--camera', default='', help='Ask.camera ("" = default, "none" = text only)')
     p.add_argument('--namespace', default='', help="the node's namespace (e.g. /r2)")
-    p.add_argument('--session', default='')
+    p.add_argument('--session', default='',
+                   help='Ask.session_id: continue this conversation. A secret: whoever names it '
+                        'reads and extends the conversation, so use a random one '
+                        '(python3 -c "import uuid; print(uuid.uuid4().hex)")')
     p.add_argument('--temperature', type=float, default=-1.0)
     p.add_argument('--max-new-tokens', type=int, default=0)
     p.add_argument('--think', action='store_true')
@@ -98,6 +101,9 @@ def main():
           f'prompt_tokens={r.prompt_tokens} '
           f'completion_tokens={r.completion_tokens} ttft={r.ttft_s:.3f}s '
           f'decode={r.decode_tokens_per_s:.1f} tok/s')
+    if args.session:
+        # 1 on a later ask means the node had dropped the session: it started afresh.
+        print(f'[ask] session_turn={r.session_turn}')
     vlm.close()
     rclpy.try_shutdown()
     return 0 if r.success else 1

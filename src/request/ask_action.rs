@@ -37,12 +37,17 @@ use crate::msgs::srv::Ask;
 use crate::request::ask::GoalHooks;
 use crate::request::ask_server::answer_contained;
 use crate::request::context::AskContext;
+use crate::ros::log_limit::WarnLimit;
 use crate::ros::spin::Drains;
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 use crate::serve::token_sink::GoalFeedback;
 use goals::{GoalId, Goals};
 use pacing::StatusPacer;
+
+/// At most one "action goal rejected" warning per this interval (as for rejected camera
+/// frames): any peer can send malformed goals as fast as it likes.
+const REJECTED_WARN_INTERVAL: Duration = Duration::from_secs(5);
 
 type SendGoal = ServiceRequest<AskAction::SendGoal::Service>;
 type GetResult = ServiceRequest<AskAction::GetResult::Service>;
@@ -149,6 +154,7 @@ async fn serve(
     let mut taking = true;
     let mut left = 0;
     let mut pacer = StatusPacer::default();
+    let mut rejected = WarnLimit::new(REJECTED_WARN_INTERVAL);
     status_changed(&mut pacer, &e.status, &goals);
     loop {
         publish_if_due(&mut pacer, &e.status, &goals);
@@ -184,7 +190,7 @@ async fn serve(
                 }
             }
             Some(req) = e.send_goal.next(), if taking => {
-                if let Some((id, flag, task)) = accept(req, &mut goals, &e.feedback, &ctx) {
+                if let Some((id, flag, task)) = accept(req, &mut goals, &mut rejected, &e.feedback, &ctx) {
                     flags.insert(id, flag);
                     tasks.insert(running.spawn(task).id(), id);
                     status_changed(&mut pacer, &e.status, &goals);
@@ -238,11 +244,12 @@ async fn sleep_until(at: Option<Instant>) {
 
 type GoalTask = std::pin::Pin<Box<dyn std::future::Future<Output = Ask::Response> + Send>>;
 
-/// Accepts a goal (a malformed or repeated goal id is the only rejection) and returns the
-/// task that runs it, with its cancel flag.
+/// Accepts a goal (a malformed or repeated goal id is the only rejection, warned about
+/// through `rejected`) and returns the task that runs it, with its cancel flag.
 fn accept(
     mut req: SendGoal,
     goals: &mut Goals<GetResult>,
+    rejected: &mut WarnLimit,
     feedback: &Publisher<AskAction::FeedbackMessage>,
     ctx: &Arc<AskContext>,
 ) -> Option<(GoalId, Arc<AtomicBool>, GoalTask)> {
@@ -250,7 +257,9 @@ fn accept(
     let stamp = ctx.clock.now();
     let accepted = goals.accept(&msg.goal_id.uuid, stamp.clone());
     if let Err(error) = &accepted {
-        tracing::warn!(%error, "action goal rejected");
+        if let Some(suppressed) = rejected.allow(Instant::now()) {
+            tracing::warn!(%error, suppressed, "action goal rejected");
+        }
     }
     let response = AskAction::SendGoal::Response {
         accepted: accepted.is_ok(),

@@ -37,9 +37,12 @@ pub(crate) struct Served {
 }
 
 /// Serves one job to its end: `generate` (contained) gives the result, from which the last
-/// Token, the Answer and the response are sent — after a panic too, each exactly once.
+/// Token, the Answer and the response are sent — after a panic too, each exactly once. The
+/// Answer and the response report `session_turn` ([`crate::serve::sessions::Sessions::turn`]
+/// before this turn), whatever the result.
 pub(crate) fn serve(
     job: Job,
+    session_turn: u32,
     outputs: &Outputs,
     stats: &SharedStats,
     generate: impl FnOnce(&mut JobPlan, &mut TokenSink<'_>) -> Result<Generated, Failure>,
@@ -65,7 +68,8 @@ pub(crate) fn serve(
     let run = contained(|| {
         let result = generate(&mut plan, &mut sink);
         let prompt = std::mem::take(&mut plan.turn.text);
-        let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result, &outputs.nuls);
+        let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result, &outputs.nuls)
+            .with_session_turn(session_turn);
         send_messages(&outcome, &mut sink, &mut answered, outputs, stats);
         outcome
     });
@@ -80,7 +84,8 @@ pub(crate) fn serve(
                 origin.clone(),
                 Err(failure),
                 &outputs.nuls,
-            );
+            )
+            .with_session_turn(session_turn);
             let sent =
                 contained(|| send_messages(&outcome, &mut sink, &mut answered, outputs, stats));
             if let Err(p) = sent {
@@ -259,7 +264,7 @@ mod tests {
     fn an_outcome_ends_the_token_stream_then_publishes_the_answer() {
         let h = harness();
         let (job, mut rx) = job(&h, "req-7");
-        let served = serve(job, &h.outputs, &h.stats, |_, sink| {
+        let served = serve(job, 3, &h.outputs, &h.stats, |_, sink| {
             sink.delta("an ".into(), false);
             sink.delta("apple".into(), false);
             Ok(completion("an apple"))
@@ -279,6 +284,7 @@ mod tests {
         assert_eq!(answers[0].answer, "an apple");
         let response = rx.try_recv().unwrap();
         assert!(response.success);
+        assert_eq!((answers[0].session_turn, response.session_turn), (3, 3));
         assert_eq!(response.request_id, "req-7");
         assert!(h.registry.is_empty());
         assert_eq!(h.stats.lock().unwrap().last_tokens_per_s, 50.0);
@@ -290,7 +296,7 @@ mod tests {
     fn a_nul_in_model_text_is_made_safe_before_publishing() {
         let h = harness();
         let (job, mut rx) = job(&h, "req-nul");
-        serve(job, &h.outputs, &h.stats, |_, sink| {
+        serve(job, 0, &h.outputs, &h.stats, |_, sink| {
             sink.delta("a\0b".into(), false);
             Ok(completion("a\0b"))
         });
@@ -311,7 +317,7 @@ mod tests {
     fn a_panic_in_generation_still_ends_the_request() {
         let h = harness();
         let (job, mut rx) = job(&h, "req-panic");
-        let served = serve(job, &h.outputs, &h.stats, |_, sink| {
+        let served = serve(job, 2, &h.outputs, &h.stats, |_, sink| {
             sink.delta("half".into(), false);
             panic!("kernel assert");
         });
@@ -323,10 +329,13 @@ mod tests {
         assert_eq!(tokens.len(), 2);
         assert!(tokens[1].last);
         assert_eq!(tokens[1].finish_reason, "error");
-        assert_eq!(h.answers.taken().len(), 1);
+        let answers = h.answers.taken();
+        assert_eq!(answers.len(), 1);
         let response = rx.try_recv().unwrap();
         assert!(!response.success);
         assert_eq!(response.error_code, "backend_error");
+        // The turn it would have been, in both.
+        assert_eq!((answers[0].session_turn, response.session_turn), (2, 2));
         assert!(response.error_message.contains("internal error"));
     }
 }

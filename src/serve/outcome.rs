@@ -19,7 +19,8 @@ use crate::serve::failure::Failure;
 use crate::serve::job::ImageOrigin;
 
 /// The response to a request that was never admitted (no Token, no Answer). Its
-/// `finish_reason` stays empty: generation never started.
+/// `finish_reason` stays empty: generation never started, and its `session_turn` is 0: no
+/// session was looked at.
 pub(crate) fn refused(request_id: String, failure: Failure, nuls: &NulCount) -> Ask::Response {
     Ask::Response {
         success: false,
@@ -60,6 +61,8 @@ pub(crate) struct Outcome {
     figures: Figures,
     /// `None` when the answer completed (finish reason stop or length).
     failure: Option<Failure>,
+    /// The turn of its session (0 without one), as the Answer and the response report it.
+    session_turn: u32,
 }
 
 impl Outcome {
@@ -118,7 +121,14 @@ impl Outcome {
             completion,
             figures,
             failure,
+            session_turn: 0,
         }
+    }
+
+    /// The outcome of turn `n` of its session (0, the default: no session).
+    pub(crate) fn with_session_turn(mut self, n: u32) -> Self {
+        self.session_turn = n;
+        self
     }
 
     pub(crate) fn succeeded(&self) -> bool {
@@ -171,6 +181,7 @@ impl Outcome {
             completion_tokens: f.completion_tokens,
             ttft_s: f.ttft_s,
             decode_tokens_per_s: f.decode_tokens_per_s,
+            session_turn: self.session_turn,
         }
     }
 
@@ -198,6 +209,7 @@ impl Outcome {
             completion_tokens: f.completion_tokens,
             ttft_s: f.ttft_s,
             decode_tokens_per_s: f.decode_tokens_per_s,
+            session_turn: self.session_turn,
         }
     }
 }
@@ -431,6 +443,42 @@ mod tests {
             cut(true, FinishReason::Cancelled).failure().map(|f| f.code),
             Some(ErrorCode::Cancelled)
         );
+    }
+
+    /// The session's turn reaches the Answer and the response alike, on a failure too; an
+    /// outcome without one, and a refusal, report 0.
+    #[test]
+    fn the_session_turn_is_reported_in_the_answer_and_the_response() {
+        let o = outcome(Ok(completion(FinishReason::Stop))).with_session_turn(3);
+        assert_eq!(
+            (
+                o.answer(Time::default()).session_turn,
+                o.response().session_turn
+            ),
+            (3, 3)
+        );
+        let o = outcome(Err(Failure::new(ErrorCode::Timeout, "late"))).with_session_turn(2);
+        assert_eq!(
+            (
+                o.answer(Time::default()).session_turn,
+                o.response().session_turn
+            ),
+            (2, 2)
+        );
+        let o = outcome(Ok(completion(FinishReason::Stop)));
+        assert_eq!(
+            (
+                o.answer(Time::default()).session_turn,
+                o.response().session_turn
+            ),
+            (0, 0)
+        );
+        let r = refused(
+            "req-4".into(),
+            Failure::new(ErrorCode::Busy, "full"),
+            &NulCount::default(),
+        );
+        assert_eq!(r.session_turn, 0);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Conversations parked between turns (requests with a `session_id`): the state snapshot
 //! after each answer, bounded by `session_memory_mb` (least recently used go first) and
-//! dropped after `session_idle_s` without use.
+//! dropped after `session_idle_s` without use. A session the node dropped starts afresh
+//! under the same id; the client learns it from the answer's `session_turn` (1 again), and
+//! `/diagnostics` counts the drops (`sessions_evicted`, `sessions_expired`).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -12,6 +14,10 @@ pub(crate) struct Sessions {
     map: HashMap<String, (Conversation, Instant)>,
     budget: usize,
     idle: Duration,
+    /// Sessions dropped because `session_memory_mb` was full, since start.
+    evicted: u64,
+    /// Sessions dropped after `session_idle_s` without use, since start.
+    expired: u64,
 }
 
 impl Sessions {
@@ -20,6 +26,8 @@ impl Sessions {
             map: HashMap::new(),
             budget,
             idle,
+            evicted: 0,
+            expired: 0,
         }
     }
 
@@ -31,8 +39,26 @@ impl Sessions {
         self.map.len()
     }
 
+    pub(crate) fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    pub(crate) fn expired(&self) -> u64 {
+        self.expired
+    }
+
     pub(crate) fn get(&self, id: &str) -> Option<&Conversation> {
         self.map.get(id).map(|(c, _)| c)
+    }
+
+    /// The `session_turn` an ask on session `id` is now: 0 without a session, 1 for one the
+    /// node does not hold (new, evicted or expired), else one more than the turns it holds.
+    pub(crate) fn turn(&self, id: Option<&str>) -> u32 {
+        id.map_or(0, |id| {
+            self.get(id).map_or(1, |c| {
+                u32::try_from(c.turns()).map_or(u32::MAX, |n| n.saturating_add(1))
+            })
+        })
     }
 
     pub(crate) fn put(&mut self, id: String, c: Conversation, now: Instant) {
@@ -46,19 +72,21 @@ impl Sessions {
             else {
                 break;
             };
-            tracing::info!(session = %oldest, "session evicted: session_memory_mb is full");
+            // The id is a client's secret: it is not logged.
+            tracing::info!("a session was evicted: session_memory_mb is full");
             self.map.remove(&oldest);
+            self.evicted += 1;
         }
     }
 
     pub(crate) fn expire(&mut self, now: Instant) {
         let idle = self.idle;
-        self.map.retain(|id, (_, t)| {
-            let keep = now.duration_since(*t) < idle;
-            if !keep {
-                tracing::info!(session = %id, "session expired (idle)");
-            }
-            keep
-        });
+        let before = self.map.len();
+        self.map.retain(|_, (_, t)| now.duration_since(*t) < idle);
+        let gone = before - self.map.len();
+        if gone > 0 {
+            tracing::info!(sessions = gone, "sessions expired (idle)");
+            self.expired += gone as u64;
+        }
     }
 }

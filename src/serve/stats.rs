@@ -43,6 +43,10 @@ pub(crate) struct WorkerStats {
     pub last_tokens_per_s: f64,
     pub sessions: usize,
     pub session_bytes: usize,
+    /// Sessions dropped because `session_memory_mb` was full, since start.
+    pub sessions_evicted: u64,
+    /// Sessions dropped after `session_idle_s` without use, since start.
+    pub sessions_expired: u64,
     /// Decode-state snapshots taken since the model was opened ([`vlm::assistant::Assistant::snapshots`]).
     pub snapshots: u64,
     /// Images sent through the vision tower since the model was opened
@@ -66,6 +70,8 @@ impl Default for WorkerStats {
             last_tokens_per_s: 0.0,
             sessions: 0,
             session_bytes: 0,
+            sessions_evicted: 0,
+            sessions_expired: 0,
             snapshots: 0,
             images_encoded: 0,
             sim_live: None,

@@ -247,7 +247,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                     drop(assistant);
                     let reason = format!("the BPU backend is lost: {reason}");
                     let pending = self.pending.take();
-                    serve_failed(reason, pending, self.jobs, self.outputs, self.stats);
+                    let to = self.failed_outputs();
+                    serve_failed(reason, pending, self.jobs, to);
                     return ControlFlow::Break(());
                 }
                 PrimingEnd::Panicked(panic) => {
@@ -260,7 +261,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                         }
                         Err(reason) => {
                             let pending = self.pending.take();
-                            serve_failed(reason, pending, self.jobs, self.outputs, self.stats);
+                            let to = self.failed_outputs();
+                            serve_failed(reason, pending, self.jobs, to);
                             return ControlFlow::Break(());
                         }
                     };
@@ -276,22 +278,15 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
             });
         }
         self.sessions.expire(Instant::now());
-        let (n, bytes) = (self.sessions.len(), self.sessions.bytes());
-        update(self.stats, |s| {
-            s.sessions = n;
-            s.session_bytes = bytes;
-        });
+        self.count_sessions();
         ControlFlow::Continue(assistant)
     }
 
     /// Serves `job` (from a priming when one fits), then counts it and, after a contained
     /// panic or a lost backend, recovers or ends the engine.
     fn serve_job(&mut self, mut assistant: Assistant, mut job: Job) -> ControlFlow<(), Assistant> {
-        let fresh = job
-            .plan
-            .session_id
-            .as_deref()
-            .is_none_or(|s| self.sessions.get(s).is_none());
+        let session_turn = self.sessions.turn(job.plan.session_id.as_deref());
+        let fresh = session_turn <= 1;
         let stopped = stopped_in_queue(&job);
         // Only a job that runs is a priming camera ask (and may park a stopped priming).
         let chosen = self
@@ -302,19 +297,25 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         update(self.stats, |s| s.state = WorkerState::Busy);
         let mut lost = None;
         let (sessions, prefiller) = (&mut self.sessions, &mut self.prefiller);
-        let served = serve(job, self.outputs, self.stats, |plan, sink| match stopped {
-            Some(failure) => Err(failure),
-            None => {
-                let prefill = chosen.zip(prefiller.as_mut());
-                generate(&mut assistant, sessions, plan, sink, &mut lost, prefill)
-            }
-        });
+        let served = serve(
+            job,
+            session_turn,
+            self.outputs,
+            self.stats,
+            |plan, sink| match stopped {
+                Some(failure) => Err(failure),
+                None => {
+                    let prefill = chosen.zip(prefiller.as_mut());
+                    generate(&mut assistant, sessions, plan, sink, &mut lost, prefill)
+                }
+            },
+        );
         self.count(&served, &assistant);
         if let Some(reason) = lost {
             // hbdnn keeps what the hung task may still write; dropping releases the rest.
             drop(assistant);
             let reason = format!("the BPU backend is lost: {reason}");
-            serve_failed(reason, None, self.jobs, self.outputs, self.stats);
+            serve_failed(reason, None, self.jobs, self.failed_outputs());
             return ControlFlow::Break(());
         }
         if served.panic.is_some() {
@@ -337,7 +338,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         let snapshots = assistant.snapshots();
         let images_encoded = assistant.images_encoded();
         let prefill_stats = self.prefiller.as_ref().map(Primer::stats);
-        let (n, bytes) = (self.sessions.len(), self.sessions.bytes());
+        self.count_sessions();
         update(self.stats, |s| {
             s.prefill = prefill_stats;
             if served.ok {
@@ -348,11 +349,30 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
             if served.panic.is_some() {
                 s.internal_errors += 1;
             }
-            s.sessions = n;
-            s.session_bytes = bytes;
             s.snapshots = snapshots;
             s.images_encoded = images_encoded;
         });
+    }
+
+    /// The session counters as diagnostics report them.
+    fn count_sessions(&self) {
+        let s = &self.sessions;
+        let (n, bytes, evicted, expired) = (s.len(), s.bytes(), s.evicted(), s.expired());
+        update(self.stats, |s| {
+            s.sessions = n;
+            s.session_bytes = bytes;
+            s.sessions_evicted = evicted;
+            s.sessions_expired = expired;
+        });
+    }
+
+    /// Where [`serve_failed`] answers the jobs left.
+    fn failed_outputs(&self) -> FailedOutputs<'_> {
+        FailedOutputs {
+            outputs: self.outputs,
+            stats: self.stats,
+            sessions: &self.sessions,
+        }
     }
 
     /// A reopen stopped by shutdown: no failure (the node is stopping anyway), and every
@@ -374,7 +394,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                     "cancelled before generation started (the node is shutting down)",
                 )
             });
-            serve(job, self.outputs, self.stats, |_, _| Err(failure));
+            let turn = self.sessions.turn(job.plan.session_id.as_deref());
+            serve(job, turn, self.outputs, self.stats, |_, _| Err(failure));
             update(self.stats, |s| s.failed += 1);
         }
         tracing::info!("worker thread: queue closed while stopping");
@@ -390,7 +411,7 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
                 return ControlFlow::Break(());
             }
             Err(reason) => {
-                serve_failed(reason, None, self.jobs, self.outputs, self.stats);
+                serve_failed(reason, None, self.jobs, self.failed_outputs());
                 return ControlFlow::Break(());
             }
         };
@@ -472,13 +493,12 @@ fn recover(
 /// The engine is gone: marks the worker failed, raises the runtime failure, and answers
 /// every queued and later job with `backend_error` until the node closes the queue — a job
 /// the shutdown cancelled meanwhile too: the failure is why it was not served.
-fn serve_failed(
-    reason: String,
-    pending: Option<Job>,
-    jobs: &Receiver<Job>,
-    outputs: &Outputs,
-    stats: &SharedStats,
-) {
+fn serve_failed(reason: String, pending: Option<Job>, jobs: &Receiver<Job>, to: FailedOutputs<'_>) {
+    let FailedOutputs {
+        outputs,
+        stats,
+        sessions,
+    } = to;
     update(stats, |s| s.state = WorkerState::Failed(reason.clone()));
     fatal::raise(reason.clone());
     for job in pending
@@ -489,10 +509,19 @@ fn serve_failed(
             ErrorCode::BackendError,
             format!("the engine has failed and the node is restarting: {reason}"),
         );
-        serve(job, outputs, stats, |_, _| Err(failure));
+        let turn = sessions.turn(job.plan.session_id.as_deref());
+        serve(job, turn, outputs, stats, |_, _| Err(failure));
         update(stats, |s| s.failed += 1);
     }
     tracing::info!("worker thread: queue closed after the engine failed");
+}
+
+/// What [`serve_failed`] answers with: the job's messages go to `outputs`, its counts to
+/// `stats`, and its `session_turn` is read from `sessions` (the turn it would have been).
+struct FailedOutputs<'a> {
+    outputs: &'a Outputs,
+    stats: &'a SharedStats,
+    sessions: &'a Sessions,
 }
 
 /// Asks the assistant, continuing and then parking the job's session if it has one. A lost
@@ -516,8 +545,9 @@ fn generate(
         Some(key) => plan.turn.image_keys = vec![Some(key)],
         None => (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?,
     }
+    // The id is a client's secret: it is not logged.
     if plan.session_id.is_some() && conversation.is_none() {
-        tracing::info!(session = ?plan.session_id, "new session");
+        tracing::info!("new session");
     }
     let mut first = true;
     let mut on_event = |e: Event| {
@@ -550,7 +580,6 @@ fn generate(
     let conversation = reply.conversation.filter(|_| !incomplete);
     if let (Some(sid), Some(conv)) = (&plan.session_id, conversation) {
         tracing::debug!(
-            session = %sid,
             bytes = conv.size_bytes(),
             turns = conv.turns(),
             "session parked"

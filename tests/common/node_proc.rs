@@ -243,6 +243,7 @@ pub fn check_stream(case: &str, r: &Value) {
         "prompt_tokens",
         "completion_tokens",
         "tool_calls_json",
+        "session_turn",
     ] {
         assert_eq!(a[k], resp[k], "{case}: Answer.{k}");
     }
