@@ -15,7 +15,8 @@ use anyhow::Context as _;
 use serde_json::Value;
 
 use common::node_proc::{
-    check_stream, domain, ok, peer_env, report_with_sigterm_at_first_token, start_demo_node,
+    check_image_header, check_stream, domain, ok, peer_env, report_with_sigterm_at_first_token,
+    start_demo_node,
 };
 use common::{ros_env, spawn_python};
 
@@ -24,6 +25,15 @@ const SUCCEEDED: u64 = 4;
 const CANCELED: u64 = 5;
 const ABORTED: u64 = 6;
 const UNKNOWN: u64 = 0;
+
+/// The Answer's `session_tag` of session `id`: the first 16 hex digits of its SHA-256.
+fn sha256_16(id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(id.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 
 /// One goal's report: accepted, the terminal status, and the feedback (read on the feedback
 /// topic, each message naming the goal) equal to the Tokens on the tokens topic, message for
@@ -95,6 +105,25 @@ async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Res
     // The same question over the service: the same path, the same answer.
     assert_eq!(ok("service", &rep["service_greedy"]), answer);
 
+    // The frame's own header in the result and the Answer; the session as its tag only.
+    let cam = &rep["camera_goal"];
+    goal("camera goal", cam, SUCCEEDED);
+    ok("camera goal", cam);
+    let sent = rep["camera_sent"].as_array().unwrap();
+    let stamp = cam["response"]["image_header"]["stamp"].clone();
+    assert!(
+        sent.iter().any(|s| s[0] == stamp["sec"] && s[1] == stamp["nanosec"]),
+        "a stamp the peer sent: {stamp}"
+    );
+    check_image_header(
+        "camera goal",
+        cam,
+        "cam_link",
+        [stamp["sec"].as_i64().unwrap(), stamp["nanosec"].as_i64().unwrap()],
+    );
+    assert_eq!(cam["answer"]["session_tag"], sha256_16("tag-session"));
+    assert!(!cam["answer"].to_string().contains("\"tag-session\""));
+
     let cr = &rep["cancel_response"];
     assert_eq!(cr["return_code"], 0, "{cr}");
     assert_eq!(cr["goals_canceling"].as_array().unwrap().len(), 1, "{cr}");
@@ -105,6 +134,9 @@ async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Res
     assert_eq!(res["error_code"], "cancelled");
     assert_eq!(res["finish_reason"], "cancelled");
     check_stream("cancelled goal", c);
+    assert_eq!(c["answer"]["success"], false);
+    assert_eq!(c["answer"]["error_code"], "cancelled");
+    assert_eq!(c["answer"]["session_tag"], sha256_16("tag-session-2"));
     client_saw_feedback("cancelled", c);
     assert!(
         res["completion_tokens"].as_u64().unwrap() < 400,

@@ -15,6 +15,7 @@ use crate::ros::text::NulCount;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::{Generated, Outcome};
+use crate::serve::sessions::Sessions;
 use crate::serve::stats::{update, SharedStats};
 use crate::serve::token_sink::TokenSink;
 
@@ -56,6 +57,7 @@ pub(crate) fn serve(
         feedback,
     } = job;
     let origin = plan.images.origin();
+    let session_tag = Sessions::tag(plan.session_id.as_deref());
     let mut sink = TokenSink::new(
         &*outputs.tokens,
         &outputs.clock,
@@ -69,7 +71,8 @@ pub(crate) fn serve(
         let result = generate(&mut plan, &mut sink);
         let prompt = std::mem::take(&mut plan.turn.text);
         let outcome = Outcome::new(id.clone(), prompt, origin.clone(), result, &outputs.nuls)
-            .with_session_turn(session_turn);
+            .with_session_turn(session_turn)
+            .with_session_tag(session_tag.clone());
         send_messages(&outcome, &mut sink, &mut answered, outputs, stats);
         outcome
     });
@@ -85,7 +88,8 @@ pub(crate) fn serve(
                 Err(failure),
                 &outputs.nuls,
             )
-            .with_session_turn(session_turn);
+            .with_session_turn(session_turn)
+            .with_session_tag(session_tag);
             let sent =
                 contained(|| send_messages(&outcome, &mut sink, &mut answered, outputs, stats));
             if let Err(p) = sent {

@@ -63,6 +63,8 @@ pub(crate) struct Outcome {
     failure: Option<Failure>,
     /// The turn of its session (0 without one), as the Answer and the response report it.
     session_turn: u32,
+    /// The Answer's one-way tag of the session id (empty without one).
+    session_tag: String,
 }
 
 impl Outcome {
@@ -122,6 +124,7 @@ impl Outcome {
             figures,
             failure,
             session_turn: 0,
+            session_tag: String::new(),
         }
     }
 
@@ -129,6 +132,20 @@ impl Outcome {
     pub(crate) fn with_session_turn(mut self, n: u32) -> Self {
         self.session_turn = n;
         self
+    }
+
+    /// The outcome of a request on session `tag` ([`crate::serve::sessions::Sessions::tag`]).
+    pub(crate) fn with_session_tag(mut self, tag: String) -> Self {
+        self.session_tag = tag;
+        self
+    }
+
+    /// The header of the frame used (zero stamp and empty frame_id without an image).
+    fn image_header(&self) -> Header {
+        Header {
+            stamp: clock::time(self.origin.stamp),
+            frame_id: self.origin.frame_id.clone(),
+        }
     }
 
     pub(crate) fn succeeded(&self) -> bool {
@@ -168,11 +185,18 @@ impl Outcome {
                 frame_id: self.origin.frame_id.clone(),
             },
             request_id: self.request_id.clone(),
+            success: self.succeeded(),
+            error_code: self
+                .failure
+                .as_ref()
+                .map_or_else(String::new, |x| x.code.as_str().to_owned()),
+            session_tag: self.session_tag.clone(),
             prompt: self.prompt.clone(),
             answer: f.text,
             reasoning: f.reasoning,
             tool_calls_json: f.tool_calls_json,
             image_source: self.origin.source.clone(),
+            image_header: self.image_header(),
             image_stamp: clock::time(self.origin.stamp),
             image_width: self.origin.width,
             image_height: self.origin.height,
@@ -202,6 +226,7 @@ impl Outcome {
             tool_calls_json: f.tool_calls_json,
             finish_reason: self.finish_reason().as_str().to_owned(),
             image_source: self.origin.source.clone(),
+            image_header: self.image_header(),
             image_stamp: clock::time(self.origin.stamp),
             image_width: self.origin.width,
             image_height: self.origin.height,
@@ -263,6 +288,7 @@ mod tests {
     use vlm::stream::Timings;
 
     use super::*;
+    use crate::serve::sessions::Sessions;
 
     fn completion(finish_reason: FinishReason) -> Completion {
         Completion {
@@ -300,6 +326,30 @@ mod tests {
             width: 640,
             height: 480,
         }
+    }
+
+    /// Interface 1.0: the frame's whole header in the Answer and the response, the Answer's
+    /// success and error code as the response's, and the session as a one-way tag only.
+    #[test]
+    fn answer_and_response_carry_the_frame_header_and_the_answer_its_status() {
+        let ok = outcome(Ok(completion(FinishReason::Stop)))
+            .with_session_tag(Sessions::tag(Some("kitchen")));
+        let (a, r) = (ok.answer(Time::default()), ok.response());
+        for h in [&a.image_header, &r.image_header] {
+            assert_eq!(h.frame_id, "camera_optical");
+            assert_eq!((h.stamp.sec, h.stamp.nanosec), (7, 9));
+        }
+        assert_eq!(r.image_header.stamp, r.image_stamp);
+        assert!(a.success);
+        assert_eq!(a.error_code, "");
+        // SHA-256("kitchen") begins with these 16 hex digits; the id itself is nowhere.
+        assert_eq!(a.session_tag, "3171d89ad00530ff");
+        assert!(!format!("{a:?}").contains("kitchen"));
+        let late = outcome(Err(Failure::new(ErrorCode::Timeout, "late")));
+        let a = late.answer(Time::default());
+        assert!(!a.success);
+        assert_eq!(a.error_code, "timeout");
+        assert_eq!(a.session_tag, "");
     }
 
     #[test]

@@ -51,6 +51,19 @@ impl Sessions {
         self.map.get(id).map(|(c, _)| c)
     }
 
+    /// The `session_tag` of session `id` in an Answer: the first 16 lowercase hex digits of
+    /// the id's SHA-256 (empty without a session). The id is a client's secret and is
+    /// published nowhere; the tag only lets subscribers group one conversation's answers.
+    pub(crate) fn tag(id: Option<&str>) -> String {
+        use sha2::{Digest, Sha256};
+        id.map_or_else(String::new, |id| {
+            Sha256::digest(id.as_bytes())[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        })
+    }
+
     /// The `session_turn` an ask on session `id` is now: 0 without a session, 1 for one the
     /// node does not hold (new, evicted or expired), else one more than the turns it holds.
     pub(crate) fn turn(&self, id: Option<&str>) -> u32 {

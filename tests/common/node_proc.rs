@@ -197,6 +197,20 @@ pub fn check_messages(case: &str, r: &Value) {
     for k in ["answer", "reasoning", "finish_reason", "tool_calls_json"] {
         assert_eq!(a[k], resp[k], "{case}: Answer.{k}");
     }
+    check_status_and_header(case, a, resp);
+}
+
+/// Interface 1.0: the Answer's `success` and `error_code` are the response's (a failure
+/// after admission included), and both carry the used frame's `image_header`, whose stamp
+/// is `image_stamp`.
+pub fn check_status_and_header(case: &str, answer: &Value, resp: &Value) {
+    for k in ["success", "error_code", "image_header", "image_stamp"] {
+        assert_eq!(answer[k], resp[k], "{case}: Answer.{k}");
+    }
+    assert_eq!(
+        resp["image_header"]["stamp"], resp["image_stamp"],
+        "{case}: image_header.stamp"
+    );
 }
 
 /// The tokens of one ask, checked: the request's id, indices 0..n without gaps, exactly one
@@ -247,6 +261,7 @@ pub fn check_stream(case: &str, r: &Value) {
     ] {
         assert_eq!(a[k], resp[k], "{case}: Answer.{k}");
     }
+    check_status_and_header(case, a, resp);
 }
 
 pub fn ok(case: &str, r: &Value) -> String {
@@ -272,6 +287,13 @@ pub fn check_image_header(case: &str, r: &Value, frame_id: &str, stamp: [i64; 2]
     let a = &r["answer"];
     assert_eq!(pair(&a["image_stamp"]), stamp, "{case}: Answer.image_stamp");
     assert_eq!(a["header"]["frame_id"], frame_id, "{case}: Answer.header");
+    for (what, h) in [
+        ("response", &r["response"]["image_header"]),
+        ("Answer", &a["image_header"]),
+    ] {
+        assert_eq!(h["frame_id"], frame_id, "{case}: {what}.image_header");
+        assert_eq!(pair(&h["stamp"]), stamp, "{case}: {what}.image_header.stamp");
+    }
     let tokens = r["tokens"].as_array().unwrap();
     assert!(!tokens.is_empty(), "{case}: no tokens");
     for t in tokens {

@@ -40,7 +40,8 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Cancel  # noqa: E402
 
-from node_peer import Peer, peer_arguments, check, plain, report_and_exit  # noqa: E402
+from node_peer import (Peer, check, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
+                       rgb8, with_header)
 
 
 class ActionPeer(Peer):
@@ -157,8 +158,18 @@ def mode_protocol(p, a):
     rep['greedy'] = p.result(h, rid)
     rep['service_greedy'] = p.ask(**greedy(a, 's-1'))
 
-    # Cancel mid-stream through the action.
-    h, rid = p.send(**long_goal(a, 'c-1'))
+    # Interface 1.0: a camera frame's header (frame_id cam_link) in the result and the
+    # Answer, and a session reported only as its tag.
+    rep['camera_sent'] = p.publish_frames('/image_raw',
+                                          with_header(rgb8(load_rgb('scene_a.png')), 'cam_link',
+                                                      0, 0))
+    h, rid = p.send(**greedy(a, 'cam-1', camera='', session_id='tag-session'))
+    rep['camera_goal'] = p.result(h, rid)
+
+    # Cancel mid-stream through the action (in a session: a failure after admission still
+    # tags its Answer).
+    h, rid = p.send(**greedy(a, 'c-1', max_new_tokens=400, use_default_stop=False,
+                             session_id='tag-session-2'))
     p.first_feedback(rid)
     rep['cancel_response'] = plain(p.wait(h.cancel_goal_async(), 'cancel response'))
     rep['cancelled'] = p.result(h, rid)
