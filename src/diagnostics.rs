@@ -168,6 +168,16 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
             if let Some(st) = c.stats(t) {
                 values.push(kv(&format!("camera {t} accepted"), st.accepted));
                 values.push(kv(&format!("camera {t} rejected"), st.rejected));
+                values.push(kv(
+                    &format!("camera {t} frame_rate_hz"),
+                    format!("{:.1}", st.frame_rate_hz()),
+                ));
+                // -1: no valid frame yet.
+                values.push(kv(
+                    &format!("camera {t} newest_frame_age_s"),
+                    st.newest_frame_age(now)
+                        .map_or_else(|| "-1".to_owned(), |a| format!("{:.2}", a.as_secs_f64())),
+                ));
             }
         }
     }

@@ -91,6 +91,10 @@ async fn node_answers_about_camera_frames_and_refuses_bad_requests() -> anyhow::
             ("image_topics", topics.as_str()),
             ("compressed_image_topics", "['/cam_compressed']"),
             ("default_camera", "/cam"),
+            // The peer publishes a few frames per camera and asks about them for a while,
+            // as about a still camera: the dead-camera rule is tested on its own
+            // (node_requests.rs).
+            ("max_camera_silence_s", "0.0"),
         ],
         &env,
     )?;

@@ -112,14 +112,18 @@ async fn action_feedback_cancel_busy_invalid_beside_the_service() -> anyhow::Res
     let sent = rep["camera_sent"].as_array().unwrap();
     let stamp = cam["response"]["image_header"]["stamp"].clone();
     assert!(
-        sent.iter().any(|s| s[0] == stamp["sec"] && s[1] == stamp["nanosec"]),
+        sent.iter()
+            .any(|s| s[0] == stamp["sec"] && s[1] == stamp["nanosec"]),
         "a stamp the peer sent: {stamp}"
     );
     check_image_header(
         "camera goal",
         cam,
         "cam_link",
-        [stamp["sec"].as_i64().unwrap(), stamp["nanosec"].as_i64().unwrap()],
+        [
+            stamp["sec"].as_i64().unwrap(),
+            stamp["nanosec"].as_i64().unwrap(),
+        ],
     );
     assert_eq!(cam["answer"]["session_tag"], sha256_16("tag-session"));
     assert!(!cam["answer"].to_string().contains("\"tag-session\""));

@@ -52,7 +52,10 @@ async fn stream_yields_only_its_own_text_in_order() -> anyhow::Result<()> {
     assert_eq!(resp["success"], true, "{rep}");
     assert_eq!(resp["request_id"], rep["request_id"], "{rep}");
     let id = rep["request_id"].as_str().unwrap();
-    assert!(!id.starts_with("req-"), "a client id never takes the node's prefix: {id}");
+    assert!(
+        !id.starts_with("req-"),
+        "a client id never takes the node's prefix: {id}"
+    );
     let deltas = texts(&rep["deltas"]);
     assert!(!deltas.is_empty(), "{rep}");
     // Its own text, whole and in order: the deltas make the final answer.
@@ -61,7 +64,10 @@ async fn stream_yields_only_its_own_text_in_order() -> anyhow::Result<()> {
     // The other client's request streamed on the same topic meanwhile, and none of its
     // text is in this stream (the two prompts differ, so the answers do).
     let other = &rep["other"];
-    assert!(rep["other_tokens_while_streaming"].as_u64().unwrap() > 0, "{rep}");
+    assert!(
+        rep["other_tokens_while_streaming"].as_u64().unwrap() > 0,
+        "{rep}"
+    );
     let other_tokens = other["tokens"].as_array().unwrap();
     assert!(other_tokens.iter().all(|t| t["request_id"] == "other-1"));
     assert!(other_tokens.len() > deltas.len(), "{rep}");
@@ -70,12 +76,7 @@ async fn stream_yields_only_its_own_text_in_order() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn action_goal_streams_and_cancels_in_a_namespace() -> anyhow::Result<()> {
-    let rep = run(
-        "action",
-        &["-r", "__ns:=/r2"],
-        &["--namespace", "/r2"],
-    )
-    .await?;
+    let rep = run("action", &["-r", "__ns:=/r2"], &["--namespace", "/r2"]).await?;
     let result = &rep["result"];
     assert_eq!(result["success"], true, "{rep}");
     assert_eq!(
@@ -84,7 +85,10 @@ async fn action_goal_streams_and_cancels_in_a_namespace() -> anyhow::Result<()> 
         "{rep}"
     );
     assert_eq!(rep["cancel_accepted"], true, "{rep}");
-    assert!(rep["cancel_first"].is_string(), "a first delta before the cancel: {rep}");
+    assert!(
+        rep["cancel_first"].is_string(),
+        "a first delta before the cancel: {rep}"
+    );
     assert_eq!(rep["cancel_result"]["error_code"], "cancelled", "{rep}");
     assert_eq!(rep["cancel_finish"], "cancelled", "{rep}");
     Ok(())

@@ -107,6 +107,42 @@ async fn node_refuses_bad_numbers_and_oversized_requests_naming_them() -> anyhow
     Ok(())
 }
 
+/// A dead camera is an error by default (`max_camera_silence_s` 2.0): asks about a camera
+/// that streams are answered; 2.5 s after its last frame, a default-camera ask gets
+/// `stale_image` naming the silence, while request validation still comes first and a
+/// text-only ask is answered; when frames flow again, so do answers. Diagnostics report the
+/// camera's rate and its newest frame's age (issue 25, item 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_camera_that_stops_publishing_is_refused_after_two_seconds() -> anyhow::Result<()> {
+    let (rep, _log) = run("silence").await?;
+    let rep = &rep["silence"];
+    answered("while streaming", &rep["streaming"]);
+    let silent = &rep["silent"]["response"];
+    assert_eq!(silent["error_code"], "stale_image", "{silent}");
+    let message = silent["error_message"].as_str().unwrap();
+    assert!(message.contains("silent for"), "{message}");
+    assert!(rep["silent"]["tokens"].as_array().unwrap().is_empty());
+    refused_naming(
+        "invalid while silent",
+        &rep["silent_invalid"],
+        "temperature",
+    );
+    answered("text only while silent", &rep["silent_text_only"]);
+    answered("frames again", &rep["back"]);
+    let key = |d: &Value, k: &str| -> f64 {
+        d[format!("camera /cam_jpeg {k}")]
+            .as_str()
+            .unwrap_or_else(|| panic!("no camera {k} in {d}"))
+            .parse()
+            .unwrap()
+    };
+    let rate = key(&rep["diag_streaming"], "frame_rate_hz");
+    assert!((5.0..=12.0).contains(&rate), "a 10 Hz camera: {rate}");
+    assert!(key(&rep["diag_streaming"], "newest_frame_age_s") < 1.0);
+    assert!(key(&rep["diag_silent"], "newest_frame_age_s") >= 2.5);
+    Ok(())
+}
+
 fn set_refused(case: &str, r: &Value) -> String {
     assert_eq!(r["successful"], false, "{case}: {r}");
     r["reason"].as_str().unwrap().to_owned()

@@ -16,6 +16,7 @@ use bpu_vlm::ros::qos::tokens_qos;
 use bpu_vlm::ros::spin::SpinThread;
 use futures::StreamExt;
 use r2r::builtin_interfaces::msg::Time;
+use r2r::std_msgs::msg::Header;
 use r2r::QosProfile;
 use vlm::stream::FinishReason;
 
@@ -85,6 +86,13 @@ fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask:
         tool_calls_json: r#"[{"name":"look","arguments":{"where":"桌子"}}]"#.to_owned(),
         finish_reason: FinishReason::Stop.as_str().to_owned(),
         image_source: "request".to_owned(),
+        image_header: Header {
+            stamp: Time {
+                sec: 7,
+                nanosec: 999_999_999,
+            },
+            frame_id: "cam_link".to_owned(),
+        },
         image_stamp: Time {
             sec: 7,
             nanosec: 999_999_999,

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use camera_frame::{CameraCache, Limits, SelectError};
+use camera_frame::{CameraCache, Freshness, Limits, SelectError};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use serde_json::Value;
 use vlm::assistant::Turn;
@@ -126,7 +126,8 @@ struct Checked {
     thinking: bool,
     sampling: SamplingParams,
     timeout: Option<Duration>,
-    max_age: Option<Duration>,
+    /// `max_image_age_s` (the request's or the node's) and `max_camera_silence_s`.
+    fresh: Freshness,
     tools: Vec<Value>,
 }
 
@@ -163,6 +164,8 @@ fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
     }
     let timeout = request_timeout(req.timeout_s, p)?;
     let max_age = limit_secs(req.max_image_age_s, p.max_image_age_s, "max_image_age_s")?;
+    // A node parameter, checked when set: a value that is no limit here is no limit.
+    let max_silence = time_limit(p.max_camera_silence_s).ok().flatten();
     let tools = if req.tools_json.trim().is_empty() {
         Vec::new()
     } else {
@@ -183,7 +186,10 @@ fn check(req: Ask::Request, p: &Params) -> Result<Checked, Failure> {
         thinking,
         sampling,
         timeout,
-        max_age,
+        fresh: Freshness {
+            max_age,
+            max_silence,
+        },
         tools,
     })
 }
@@ -201,7 +207,7 @@ fn finish(
         thinking,
         sampling,
         timeout,
-        max_age,
+        fresh,
         tools,
     } = checked;
     let max_new_tokens = if req.max_new_tokens == 0 {
@@ -229,7 +235,7 @@ fn finish(
         camera,
         ..
     } = req;
-    let images = pick_images(images, compressed_images, &camera, cameras, max_age, now)?;
+    let images = pick_images(images, compressed_images, &camera, cameras, fresh, now)?;
     // Images stay empty here: the worker converts the frames when the job's turn comes.
     let turn = Turn {
         thinking,
@@ -249,7 +255,7 @@ fn finish(
         turn,
         images,
         session_id: Some(session_id).filter(|s| !s.is_empty()),
-        max_image_age: max_age,
+        max_image_age: fresh.max_age,
     })
 }
 
@@ -351,7 +357,7 @@ fn pick_images(
     compressed_images: Vec<CompressedImage>,
     camera: &str,
     cameras: Option<&CameraCache>,
-    max_age: Option<Duration>,
+    fresh: Freshness,
     now: Instant,
 ) -> Result<Images, Failure> {
     let explicit = !images.is_empty() || !compressed_images.is_empty();
@@ -392,7 +398,7 @@ fn pick_images(
     }
     let name = (!camera.is_empty()).then_some(camera);
     cache
-        .select(name, max_age, now)
+        .select(name, fresh, now)
         .map(Images::Camera)
         .map_err(|e| Failure::new(select_error_code(&e), e.to_string()))
 }
@@ -403,7 +409,7 @@ fn select_error_code(e: &SelectError) -> ErrorCode {
     match e {
         SelectError::UnknownCamera { .. } => ErrorCode::InvalidRequest,
         SelectError::NoCamera | SelectError::NoImage { .. } => ErrorCode::NoImage,
-        SelectError::StaleImage { .. } => ErrorCode::StaleImage,
+        SelectError::StaleImage { .. } | SelectError::SilentCamera { .. } => ErrorCode::StaleImage,
     }
 }
 
@@ -582,6 +588,14 @@ mod tests {
                     topic: "/image_raw".into(),
                     age: Duration::from_secs(3),
                     max_age: Duration::from_secs(2),
+                },
+                "stale_image",
+            ),
+            (
+                SelectError::SilentCamera {
+                    topic: "/image_raw".into(),
+                    silent: Duration::from_secs(3),
+                    max_silence: Duration::from_secs(2),
                 },
                 "stale_image",
             ),

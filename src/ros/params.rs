@@ -163,6 +163,10 @@ declare! {
         "QoS of camera subscriptions: `sensor_data` (best effort) or `reliable`.";
     max_image_age_s: f64 = d(0.0), Kind::Seconds(AT_LEAST_0), NextAsk,
         "Refuse (`stale_image`) a camera frame older than this, in seconds; 0 = no limit.";
+    max_camera_silence_s: f64 = d(2.0), Kind::Seconds(AT_LEAST_0), NextAsk,
+        "Refuse (`stale_image`, \"camera silent for N s\") an ask that uses a camera when no \
+        valid frame arrived on it for longer than this, in seconds, whatever frame the answer \
+        would use (a dead camera is an error, not an old answer); 0 = off.";
     system_prompt: Option<String> = s(""), Kind::Text, NextAsk,
         "System prompt of fresh conversations; empty = the package's `chat.system`. At most \
         `max_prompt_bytes` UTF-8 bytes (a longer value is refused).";

@@ -292,7 +292,11 @@ pub fn check_image_header(case: &str, r: &Value, frame_id: &str, stamp: [i64; 2]
         ("Answer", &a["image_header"]),
     ] {
         assert_eq!(h["frame_id"], frame_id, "{case}: {what}.image_header");
-        assert_eq!(pair(&h["stamp"]), stamp, "{case}: {what}.image_header.stamp");
+        assert_eq!(
+            pair(&h["stamp"]),
+            stamp,
+            "{case}: {what}.image_header.stamp"
+        );
     }
     let tokens = r["tokens"].as_array().unwrap();
     assert!(!tokens.is_empty(), "{case}: no tokens");

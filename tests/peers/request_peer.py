@@ -18,6 +18,7 @@ like node_peer.py (whose Peer it uses).
 
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -196,9 +197,53 @@ def mode_caps(p, a):
     return rep
 
 
+def mode_silence(p, a):
+    """A camera that streams at 10 Hz, then stops: asks while it streams are answered and
+    diagnostics report its rate; 2.5 s after its last frame a default-camera ask is
+    stale_image ("silent for"), a malformed one is still invalid_request (validation comes
+    first), a text-only one is answered, and once frames flow again the camera answers."""
+    p.wait_ask()
+    rep = {}
+    pub = p.publisher(a.camera)
+    frame = image('rgb8', 64, 48, 64 * 3, bytes(64 * 48 * 3))
+    streaming = threading.Event()
+
+    def camera():
+        while streaming.is_set():
+            frame.header.stamp = p.node.get_clock().now().to_msg()
+            pub.publish(frame)
+            time.sleep(0.1)
+
+    streaming.set()
+    cam = threading.Thread(target=camera, daemon=True)
+    cam.start()
+    time.sleep(1.5)
+    rep['streaming'] = p.greedy('s-streaming', a.prompt)
+    time.sleep(0.5)
+    rep['diag_streaming'] = p.last_diag()
+    streaming.clear()
+    cam.join()
+    stopped = time.monotonic()
+    time.sleep(2.5)
+    rep['silent'] = p.greedy('s-silent', a.prompt)
+    rep['silent_invalid'] = p.greedy('s-silent-invalid', a.prompt, temperature=float('nan'))
+    rep['silent_text_only'] = p.greedy('s-text', a.prompt, camera='none')
+    rep['silent_after_s'] = time.monotonic() - stopped
+    time.sleep(0.3)
+    rep['diag_silent'] = p.last_diag()
+    streaming.set()
+    cam = threading.Thread(target=camera, daemon=True)
+    cam.start()
+    time.sleep(1.0)
+    rep['back'] = p.greedy('s-back', a.prompt)
+    streaming.clear()
+    cam.join()
+    return rep
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['frames', 'numbers', 'limits', 'all', 'caps'])
+    ap.add_argument('mode', choices=['frames', 'numbers', 'limits', 'all', 'caps', 'silence'])
     ap.add_argument('--node-name', default='/vlm_node')
     ap.add_argument('--camera', default='/cam_jpeg')
     ap.add_argument('--compressed-camera', default='/cam_compressed')
@@ -211,6 +256,7 @@ def main():
     modes = {'frames': mode_frames, 'numbers': mode_numbers, 'limits': mode_limits}
     chosen = list(modes) if a.mode == 'all' else [a.mode]
     modes['caps'] = mode_caps
+    modes['silence'] = mode_silence
     report_and_exit(lambda: {m: modes[m](p, a) for m in chosen})
 
 

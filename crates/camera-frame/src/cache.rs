@@ -101,6 +101,27 @@ pub enum SelectError {
         age: Duration,
         max_age: Duration,
     },
+    /// No valid frame arrived on the camera for longer than the allowed silence: the camera
+    /// has stopped, whatever frame an answer would use.
+    #[error(
+        "camera {topic} silent for {:.1} s (no valid frame; the limit is {:.1} s)",
+        silent.as_secs_f64(),
+        max_silence.as_secs_f64()
+    )]
+    SilentCamera {
+        topic: String,
+        silent: Duration,
+        max_silence: Duration,
+    },
+}
+
+/// How recent an ask needs its camera to be (`None`: no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Freshness {
+    /// The latest valid frame at most this old.
+    pub max_age: Option<Duration>,
+    /// A valid frame arrived at most this long ago (the camera is alive).
+    pub max_silence: Option<Duration>,
 }
 
 /// `record` was called for a topic the cache was not configured with.
@@ -133,6 +154,9 @@ pub struct TopicStats {
     /// Last valid frame.
     pub last_accepted: Option<Instant>,
     pub last_rejection: Option<FrameErrorKind>,
+    /// Smoothed time between valid frames (exponential average, weight 1/8 for the newest
+    /// interval); `None` before the second valid frame.
+    pub frame_interval: Option<Duration>,
 }
 
 impl TopicStats {
@@ -141,6 +165,22 @@ impl TopicStats {
     /// publishers (too-large frames lost in DDS shared memory, QoS mismatch).
     pub fn silent_for(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.last_arrival.unwrap_or(self.registered_at))
+    }
+
+    /// Valid frames per second, from the smoothed interval (0 before two frames).
+    pub fn frame_rate_hz(&self) -> f64 {
+        self.frame_interval.map_or(0.0, |d| {
+            if d.is_zero() {
+                0.0
+            } else {
+                1.0 / d.as_secs_f64()
+            }
+        })
+    }
+
+    /// Time since the newest valid frame arrived (`None`: none yet).
+    pub fn newest_frame_age(&self, now: Instant) -> Option<Duration> {
+        self.last_accepted.map(|t| now.saturating_duration_since(t))
     }
 }
 
@@ -183,6 +223,7 @@ impl CameraCache {
                     last_arrival: None,
                     last_accepted: None,
                     last_rejection: None,
+                    frame_interval: None,
                 },
                 last_warning: None,
                 suppressed: 0,
@@ -276,6 +317,13 @@ impl CameraCache {
         match outcome {
             Ok(frame) => {
                 slot.stats.accepted += 1;
+                if let Some(prev) = slot.stats.last_accepted {
+                    let dt = now.saturating_duration_since(prev);
+                    slot.stats.frame_interval = Some(match slot.stats.frame_interval {
+                        Some(avg) => (avg * 7 + dt) / 8,
+                        None => dt,
+                    });
+                }
                 slot.stats.last_accepted = Some(now);
                 slot.latest = Some(CachedFrame {
                     topic: key.clone(),
@@ -310,12 +358,13 @@ impl CameraCache {
     }
 
     /// Picks the frame for an ask: the named camera (see [`CameraCache::resolve`]) or the
-    /// default one; its latest valid frame must exist and, when `max_age` is set, be at most
-    /// that old at `now`.
+    /// default one; its latest valid frame must exist, have arrived at most
+    /// `fresh.max_silence` before `now` (the camera is alive) and be at most `fresh.max_age`
+    /// old (each when set).
     pub fn select(
         &self,
         camera: Option<&str>,
-        max_age: Option<Duration>,
+        fresh: Freshness,
         now: Instant,
     ) -> Result<CachedFrame, SelectError> {
         let topic = match camera {
@@ -329,8 +378,15 @@ impl CameraCache {
         let latest = self.latest(&topic).ok_or_else(|| SelectError::NoImage {
             topic: topic.to_string(),
         })?;
-        if let Some(max_age) = max_age {
-            let age = latest.age(now);
+        let age = latest.age(now);
+        if let Some(max_silence) = fresh.max_silence.filter(|m| age > *m) {
+            return Err(SelectError::SilentCamera {
+                topic: topic.to_string(),
+                silent: age,
+                max_silence,
+            });
+        }
+        if let Some(max_age) = fresh.max_age {
             if age > max_age {
                 return Err(SelectError::StaleImage {
                     topic: topic.to_string(),
@@ -374,6 +430,13 @@ fn lock(slot: &Mutex<Slot>) -> MutexGuard<'_, Slot> {
 mod tests {
     use super::*;
     use crate::validate::{ImageMsg, Limits};
+
+    fn age(max_age: Duration) -> Freshness {
+        Freshness {
+            max_age: Some(max_age),
+            max_silence: None,
+        }
+    }
 
     fn frame(value: u8) -> Frame {
         Frame::from_image(
@@ -428,7 +491,7 @@ mod tests {
             .unwrap()
             .expect("first rejection warns");
         assert_eq!((w.suppressed, w.rejected_total), (0, 1));
-        let got = c.select(None, None, t0 + S(4)).unwrap();
+        let got = c.select(None, Freshness::default(), t0 + S(4)).unwrap();
         assert_eq!(got.frame.data(), &[2, 2]);
         assert_eq!(
             (got.seq, got.arrival, &*got.topic),
@@ -456,7 +519,7 @@ mod tests {
             .unwrap();
         c.record("/image_raw", Err(bad()), header(12, "other"), t0 + S(1))
             .unwrap();
-        let got = c.select(None, None, t0 + S(1)).unwrap();
+        let got = c.select(None, Freshness::default(), t0 + S(1)).unwrap();
         assert_eq!(
             (got.stamp, &*got.frame_id),
             (
@@ -474,7 +537,7 @@ mod tests {
             t0 + S(2),
         )
         .unwrap();
-        let got = c.select(None, None, t0 + S(2)).unwrap();
+        let got = c.select(None, Freshness::default(), t0 + S(2)).unwrap();
         assert_eq!(
             (got.stamp.sec, &*got.frame_id, got.frame.data()),
             (13, "cam_right", &[2u8, 2][..])
@@ -508,7 +571,9 @@ mod tests {
         c.record("/robot1/image_raw", Ok(frame(4)), Stamp::default(), t0)
             .unwrap();
         assert_eq!(
-            &*c.select(Some("image_raw"), None, t0).unwrap().topic,
+            &*c.select(Some("image_raw"), Freshness::default(), t0)
+                .unwrap()
+                .topic,
             "/robot1/image_raw"
         );
         let unknown = CameraCache::new(
@@ -554,14 +619,16 @@ mod tests {
     fn selection_errors() {
         let t0 = Instant::now();
         let c = cache(t0);
-        let e = c.select(Some("/nope"), None, t0).unwrap_err();
+        let e = c
+            .select(Some("/nope"), Freshness::default(), t0)
+            .unwrap_err();
         assert_eq!(
             e,
             SelectError::UnknownCamera {
                 name: "/nope".into()
             }
         );
-        let e = c.select(None, None, t0).unwrap_err();
+        let e = c.select(None, Freshness::default(), t0).unwrap_err();
         assert_eq!(
             e,
             SelectError::NoImage {
@@ -572,11 +639,11 @@ mod tests {
             .unwrap();
         // Relative name resolves to the absolute topic.
         let got = c
-            .select(Some("image_raw/compressed"), Some(S(2)), t0 + S(2))
+            .select(Some("image_raw/compressed"), age(S(2)), t0 + S(2))
             .unwrap();
         assert_eq!(got.frame.data(), &[9, 9]);
         let e = c
-            .select(Some("/image_raw/compressed"), Some(S(2)), t0 + S(3))
+            .select(Some("/image_raw/compressed"), age(S(2)), t0 + S(3))
             .unwrap_err();
         assert_eq!(
             e,
@@ -588,7 +655,11 @@ mod tests {
         );
         // No limit: any age.
         assert!(c
-            .select(Some("/image_raw/compressed"), None, t0 + S(3600))
+            .select(
+                Some("/image_raw/compressed"),
+                Freshness::default(),
+                t0 + S(3600)
+            )
             .is_ok());
         let empty = CameraCache::new(
             CacheConfig {
@@ -600,7 +671,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            empty.select(None, None, t0).unwrap_err(),
+            empty.select(None, Freshness::default(), t0).unwrap_err(),
             SelectError::NoCamera
         );
     }
@@ -671,7 +742,7 @@ mod tests {
             let c = &c;
             s.spawn(move || {
                 for _ in 0..500 {
-                    if let Ok(f) = c.select(None, None, t0) {
+                    if let Ok(f) = c.select(None, Freshness::default(), t0) {
                         assert_eq!(f.frame.data(), &[0, 0]);
                     }
                 }
@@ -682,5 +753,64 @@ mod tests {
             assert_eq!((st.accepted, st.rejected), (400, 100));
             assert_eq!(c.latest(topic).unwrap().seq, 400);
         }
+    }
+
+    /// A camera is silent once no valid frame arrived for `max_silence`: rejected frames do
+    /// not count as arrivals, the limit applies whatever `max_age` says, and the frame rate
+    /// follows the valid frames' intervals.
+    #[test]
+    fn a_silent_camera_is_refused_and_its_rate_is_measured() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let ms = Duration::from_millis;
+        for i in 0..10u64 {
+            c.record(
+                "/image_raw",
+                Ok(frame(1)),
+                FrameHeader::default(),
+                t0 + ms(100 * i),
+            )
+            .unwrap();
+        }
+        let st = c.stats("/image_raw").unwrap();
+        assert!(
+            (st.frame_rate_hz() - 10.0).abs() < 0.01,
+            "{}",
+            st.frame_rate_hz()
+        );
+        let last = t0 + ms(900);
+        // Rejected messages keep arriving: not a sign of life.
+        c.record(
+            "/image_raw",
+            Err(bad()),
+            FrameHeader::default(),
+            last + S(2),
+        )
+        .unwrap();
+        let fresh = Freshness {
+            max_age: None,
+            max_silence: Some(S(2)),
+        };
+        assert!(c.select(None, fresh, last + S(2)).is_ok());
+        let e = c.select(None, fresh, last + ms(2100)).unwrap_err();
+        assert_eq!(
+            e,
+            SelectError::SilentCamera {
+                topic: "/image_raw".into(),
+                silent: ms(2100),
+                max_silence: S(2),
+            }
+        );
+        assert!(e.to_string().contains("silent for 2.1 s"), "{e}");
+        let both = Freshness {
+            max_age: Some(S(60)),
+            ..fresh
+        };
+        assert!(c.select(None, both, last + S(3)).is_err());
+        assert_eq!(
+            st.newest_frame_age(last + S(1)),
+            Some(S(1)),
+            "from the newest valid frame"
+        );
     }
 }

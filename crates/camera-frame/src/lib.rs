@@ -36,7 +36,7 @@ mod mjpeg;
 mod validate;
 
 pub use cache::{
-    CacheConfig, CacheConfigError, CachedFrame, CameraCache, FrameHeader, RejectWarning,
+    CacheConfig, CacheConfigError, CachedFrame, CameraCache, FrameHeader, Freshness, RejectWarning,
     SelectError, Stamp, TopicStats, UnknownTopic,
 };
 pub use convert::yuv_to_rgb;

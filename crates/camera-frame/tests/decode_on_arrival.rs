@@ -124,7 +124,14 @@ fn a_broken_frame_after_a_good_one_leaves_the_good_one_selected() {
         );
     }
     let got = cache
-        .select(None, Some(Duration::from_secs(5)), at(4))
+        .select(
+            None,
+            camera_frame::Freshness {
+                max_age: Some(Duration::from_secs(5)),
+                max_silence: None,
+            },
+            at(4),
+        )
         .unwrap();
     assert_eq!(got.stamp, Stamp { sec: 1, nanosec: 0 });
     assert_eq!(got.frame.to_rgb8().unwrap(), want);
