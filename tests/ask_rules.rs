@@ -216,6 +216,37 @@ fn each_size_bound_is_refused_naming_its_parameter() {
     }
 }
 
+/// Request images are charged from their headers while the request is planned: one over
+/// `max_image_pixels`, or one that takes the images' decoded bytes over
+/// `max_request_decoded_mb`, is refused naming the image and the parameter; at the limits the
+/// request is planned.
+#[test]
+fn request_images_over_the_pixel_cap_or_the_decode_budget_are_refused() {
+    let rgb8 = |w: u32, h: u32| Image {
+        encoding: "rgb8".into(),
+        width: w,
+        height: h,
+        step: w * 3,
+        data: vec![0; (w * h * 3) as usize],
+        ..Default::default()
+    };
+    let with = |images: Vec<Image>| Ask::Request { images, ..valid() };
+    let mut p = params();
+    p.max_image_pixels = 64;
+    p.max_request_decoded_bytes = 3 * 64 * 2;
+    assert_eq!(refusal_with(with(vec![rgb8(8, 8), rgb8(16, 4)]), &p), None);
+    let m = refusal_with(with(vec![rgb8(8, 8), rgb8(13, 5)]), &p).unwrap();
+    assert!(
+        m.contains("images[1]") && m.contains("13x5") && m.contains("max_image_pixels"),
+        "{m}"
+    );
+    let m = refusal_with(with(vec![rgb8(8, 8), rgb8(8, 8), rgb8(1, 1)]), &p).unwrap();
+    assert!(
+        m.contains("images[2]") && m.contains("max_request_decoded_mb"),
+        "{m}"
+    );
+}
+
 /// A planned request's prompt and stop strings are moved, not copied, into the turn.
 #[test]
 fn request_text_moves_into_the_turn() {
@@ -244,7 +275,7 @@ fn a_request_rgb8_image_reaches_the_model_input_without_a_copy() {
     }];
     let t0 = Instant::now();
     let mut job = plan(r, &params(), Some(&cameras(t0)), None, t0).unwrap();
-    let (inputs, _keys) = job.images.take_inputs().unwrap();
+    let (inputs, _keys) = job.images.take_inputs(None).unwrap();
     match &inputs[..] {
         [ImageInput::Rgb(img)] => {
             assert_eq!((img.width, img.height), (4, 3));
@@ -264,7 +295,7 @@ fn image_keys_name_the_cached_message_or_the_pixels() {
     let cams = cameras(t0);
     let keys = |r: Ask::Request, cams: &Arc<CameraCache>| {
         let mut job = plan(r, &params(), Some(cams), None, t0).unwrap();
-        let (inputs, keys) = job.images.take_inputs().unwrap();
+        let (inputs, keys) = job.images.take_inputs(None).unwrap();
         assert_eq!(inputs.len(), keys.len());
         keys.into_iter()
             .map(|k| k.unwrap().as_str().to_owned())

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use camera_frame::{CameraCache, Freshness, Limits, SelectError};
+use camera_frame::{BudgetError, CameraCache, DecodeBudget, Frame, Freshness, Limits, SelectError};
 use r2r::sensor_msgs::msg::{CompressedImage, Image};
 use serde_json::Value;
 use vlm::assistant::Turn;
@@ -235,7 +235,7 @@ fn finish(
         camera,
         ..
     } = req;
-    let images = pick_images(images, compressed_images, &camera, cameras, fresh, now)?;
+    let images = pick_images(images, compressed_images, &camera, cameras, p, fresh, now)?;
     // Images stay empty here: the worker converts the frames when the job's turn comes.
     let turn = Turn {
         thinking,
@@ -352,11 +352,46 @@ async fn compile_schema(
     }
 }
 
+/// The request's frames checked from their headers: each within `max_image_pixels`, all
+/// together within `max_request_decoded_mb` of decoded bytes; no pixel is decoded here.
+fn request_frames(
+    images: Vec<Image>,
+    compressed_images: Vec<CompressedImage>,
+    p: &Params,
+) -> Result<Vec<Frame>, Failure> {
+    let limits = Limits::default();
+    let mut budget = DecodeBudget::new(
+        p.max_image_pixels as u64,
+        p.max_request_decoded_bytes as u64,
+    );
+    let mut frames = Vec::with_capacity(images.len() + compressed_images.len());
+    let mut take = |field: &str, i: usize, frame: Result<Frame, camera_frame::FrameError>| {
+        let frame = frame.map_err(|e| invalid(format!("{field}[{i}]: {e}")))?;
+        budget.charge(frame.layout()).map_err(|e| {
+            let param = match e {
+                BudgetError::TooManyPixels { .. } => "max_image_pixels",
+                BudgetError::OverBudget { .. } => "max_request_decoded_mb",
+            };
+            invalid(format!("{field}[{i}]: {e} (parameter {param})"))
+        })?;
+        frames.push(frame);
+        Ok::<_, Failure>(())
+    };
+    for (i, m) in images.into_iter().enumerate() {
+        take("images", i, frame_from_image(m, &limits))?;
+    }
+    for (i, m) in compressed_images.into_iter().enumerate() {
+        take("compressed_images", i, frame_from_compressed(m, &limits))?;
+    }
+    Ok(frames)
+}
+
 fn pick_images(
     images: Vec<Image>,
     compressed_images: Vec<CompressedImage>,
     camera: &str,
     cameras: Option<&CameraCache>,
+    p: &Params,
     fresh: Freshness,
     now: Instant,
 ) -> Result<Images, Failure> {
@@ -370,7 +405,6 @@ fn pick_images(
         return Ok(Images::None);
     };
     if explicit {
-        let limits = Limits::default();
         // Raw images come first in the model input, so the first of them is "the first".
         let first = images
             .first()
@@ -378,18 +412,7 @@ fn pick_images(
             .or_else(|| compressed_images.first().map(|m| &m.header))
             .map(frame_header)
             .unwrap_or_default();
-        let mut frames = Vec::with_capacity(images.len() + compressed_images.len());
-        for (i, m) in images.into_iter().enumerate() {
-            frames.push(
-                frame_from_image(m, &limits).map_err(|e| invalid(format!("images[{i}]: {e}")))?,
-            );
-        }
-        for (i, m) in compressed_images.into_iter().enumerate() {
-            frames.push(
-                frame_from_compressed(m, &limits)
-                    .map_err(|e| invalid(format!("compressed_images[{i}]: {e}")))?,
-            );
-        }
+        let frames = request_frames(images, compressed_images, p)?;
         return Ok(Images::Request { frames, first });
     }
     let camera = camera.trim();

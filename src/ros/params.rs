@@ -204,6 +204,15 @@ declare! {
     max_request_images: usize = i(4), Kind::Int { min: 0, max: 64 }, NextAsk,
         "Most images one ask may send (`images` and `compressed_images` together); more is \
         `invalid_request`.";
+    max_image_pixels: usize = i(4096 * 4096), Kind::Int { min: 1, max: 8192 * 8192 }, NextAsk,
+        "Most pixels (width × height, read from its header) of one image an ask sends; more is \
+        `invalid_request` before any pixel is decoded. Default 4096 × 4096.";
+    max_request_decoded_bytes as "max_request_decoded_mb": usize = i(256),
+        Kind::Mebibytes { min: 1, max: 1 << 16 }, NextAsk,
+        "Most memory decoding the images of one ask may take, in MiB: each image counts width × \
+        height × its decoded bytes per pixel (at least 3, the RGB8 it becomes; 8 for 16-bit \
+        RGBA), summed over the ask's images; more is `invalid_request` before any pixel is \
+        decoded.";
     max_prompt_bytes: usize = i(65536), Kind::Int { min: 1, max: 1 << 24 }, NextAsk,
         "Longest `prompt` and `system_prompt` of an ask in UTF-8 bytes; longer is \
         `invalid_request`. Also bounds the `system_prompt` parameter.";
@@ -708,6 +717,35 @@ mod tests {
             ("max_tools_json_bytes", -1),
             ("max_json_schema_bytes", -1),
             ("max_json_schema_bytes", (1 << 20) + 1),
+        ] {
+            let given = HashMap::from([(name.to_owned(), ParameterValue::Integer(bad))]);
+            assert_eq!(Params::from_values(&given).unwrap_err().name, name, "{bad}");
+        }
+    }
+
+    /// The decode caps of request images: 4096 × 4096 pixels, 256 MiB held in bytes; 0 and
+    /// values past the ranges are refused naming the parameter.
+    #[test]
+    fn decode_caps_are_parameters_with_ranges() {
+        let p = Params::from_values(&HashMap::new()).unwrap();
+        assert_eq!(
+            (p.max_image_pixels, p.max_request_decoded_bytes),
+            (4096 * 4096, 256 << 20)
+        );
+        let mib = HashMap::from([(
+            "max_request_decoded_mb".to_owned(),
+            ParameterValue::Integer(64),
+        )]);
+        let p = Params::from_values(&mib).unwrap();
+        assert_eq!(p.max_request_decoded_bytes, 64 << 20);
+        assert!(p
+            .effective()
+            .contains(&("max_request_decoded_mb", ParameterValue::Integer(64))));
+        for (name, bad) in [
+            ("max_image_pixels", 0),
+            ("max_image_pixels", 8192 * 8192 + 1),
+            ("max_request_decoded_mb", 0),
+            ("max_request_decoded_mb", (1 << 16) + 1),
         ] {
             let given = HashMap::from([(name.to_owned(), ParameterValue::Integer(bad))]);
             assert_eq!(Params::from_values(&given).unwrap_err().name, name, "{bad}");

@@ -74,13 +74,24 @@ impl Images {
     /// one without a copy) and their key is the content hash of the pixels; a camera frame
     /// stays in the cache for the next ask, so it is converted from a shared reference, and
     /// its key is the cached message's (`camera_key`).
-    pub fn take_inputs(&mut self) -> Result<(Vec<ImageInput>, Vec<Option<ImageKey>>), Failure> {
+    ///
+    /// With `turn`, its cancel flag and deadline are checked before each request image: a
+    /// request stopped meanwhile ends `cancelled` or `timeout` without decoding the rest (each
+    /// image may take a large share of a second and of the decode budget).
+    pub fn take_inputs(
+        &mut self,
+        turn: Option<&Turn>,
+    ) -> Result<(Vec<ImageInput>, Vec<Option<ImageKey>>), Failure> {
         match self {
             Self::None => Ok((Vec::new(), Vec::new())),
-            Self::Request { frames, .. } => std::mem::take(frames)
-                .into_iter()
-                .enumerate()
-                .map(|(i, f)| {
+            Self::Request { frames, .. } => {
+                let frames = std::mem::take(frames);
+                let total = frames.len();
+                let (mut inputs, mut keys) = (Vec::with_capacity(total), Vec::with_capacity(total));
+                for (i, f) in frames.into_iter().enumerate() {
+                    if let Some(stop) = turn.and_then(|t| stopped_decoding(t, i, total)) {
+                        return Err(stop);
+                    }
                     let input =
                         rgb_input(f.into_rgb8().map_err(|e| e.to_string())).map_err(|e| {
                             Failure::new(
@@ -88,13 +99,14 @@ impl Images {
                                 format!("request image {i}: {e}"),
                             )
                         })?;
-                    let key = match &input {
+                    keys.push(match &input {
                         ImageInput::Rgb(img) => Some(ImageKey::of_rgb(img)),
                         ImageInput::Pixels(_) => None,
-                    };
-                    Ok((input, key))
-                })
-                .collect(),
+                    });
+                    inputs.push(input);
+                }
+                Ok((inputs, keys))
+            }
             Self::Camera(c) => {
                 let input =
                     rgb_input(c.frame.to_rgb8().map_err(|e| e.to_string())).map_err(|e| {
@@ -115,6 +127,26 @@ impl Images {
             _ => None,
         }
     }
+}
+
+/// Why a request's images stop being decoded before image `done` of `total`: its cancel flag
+/// or its deadline.
+fn stopped_decoding(turn: &Turn, done: usize, total: usize) -> Option<Failure> {
+    let (code, what) = if turn
+        .cancel
+        .as_ref()
+        .is_some_and(|c| c.load(Ordering::Acquire))
+    {
+        (ErrorCode::Cancelled, "cancelled")
+    } else if turn.deadline.is_some_and(|d| Instant::now() >= d) {
+        (ErrorCode::Timeout, "timeout")
+    } else {
+        return None;
+    };
+    Some(Failure::new(
+        code,
+        format!("{what} while decoding the request's images ({done} of {total} decoded)"),
+    ))
 }
 
 /// A camera frame's identity: its topic and header stamp, and its arrival count on the topic,
@@ -170,5 +202,61 @@ impl Job {
 
     pub(crate) fn is_past_deadline(&self, now: Instant) -> bool {
         self.plan.turn.deadline.is_some_and(|d| now >= d)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use camera_frame::{ImageMsg, Limits};
+
+    use super::*;
+
+    fn two_frames() -> Images {
+        let frame = || {
+            let msg = ImageMsg {
+                encoding: "rgb8",
+                width: 2,
+                height: 1,
+                step: 6,
+                is_bigendian: false,
+                data: vec![1u8, 2, 3, 4, 5, 6],
+            };
+            Frame::from_image(msg, &Limits::default()).unwrap()
+        };
+        Images::Request {
+            frames: vec![frame(), frame()],
+            first: FrameHeader::default(),
+        }
+    }
+
+    /// A request cancelled or past its deadline decodes no further image: the check comes
+    /// before each one.
+    #[test]
+    fn cancel_and_deadline_stop_the_decoding_of_request_images() {
+        let mut turn = Turn::new("?", 1);
+        let (inputs, keys) = two_frames().take_inputs(Some(&turn)).unwrap();
+        assert_eq!((inputs.len(), keys.len()), (2, 2));
+
+        turn.cancel = Some(Arc::new(AtomicBool::new(true)));
+        let mut images = two_frames();
+        let f = images.take_inputs(Some(&turn)).unwrap_err();
+        assert_eq!(f.code, ErrorCode::Cancelled, "{}", f.message);
+        assert!(f.message.contains("0 of 2"), "{}", f.message);
+        assert!(
+            matches!(&images, Images::Request { frames, .. } if frames.is_empty()),
+            "the frames are released, not kept for later"
+        );
+
+        turn.cancel = None;
+        turn.deadline = Instant::now().checked_sub(Duration::from_millis(1));
+        let f = two_frames().take_inputs(Some(&turn)).unwrap_err();
+        assert_eq!(f.code, ErrorCode::Timeout, "{}", f.message);
+
+        // Without a turn (a priming of a camera frame) nothing is checked.
+        assert!(two_frames().take_inputs(None).is_ok());
     }
 }

@@ -261,7 +261,7 @@ impl Primer {
         let image = if resume {
             None
         } else {
-            match Images::Camera(frame.clone()).take_inputs() {
+            match Images::Camera(frame.clone()).take_inputs(None) {
                 Ok((mut images, _)) if images.len() == 1 => Some(images.remove(0)),
                 Ok(_) => return PrimingEnd::Fine,
                 Err(f) => {

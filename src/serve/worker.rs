@@ -543,7 +543,9 @@ fn generate(
         matches!(prefill, Some((Chosen::Completed(_), _))) && conversation.is_none();
     match plan.images.camera_key().filter(|_| prefilled_frame) {
         Some(key) => plan.turn.image_keys = vec![Some(key)],
-        None => (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs()?,
+        None => {
+            (plan.turn.images, plan.turn.image_keys) = plan.images.take_inputs(Some(&plan.turn))?
+        }
     }
     // The id is a client's secret: it is not logged.
     if plan.session_id.is_some() && conversation.is_none() {

@@ -5,7 +5,7 @@
 
 use std::io::Cursor;
 
-use image::{DynamicImage, RgbImage};
+use image::{ColorType, ImageDecoder, RgbImage};
 use rayon::prelude::*;
 
 use crate::encoding::{Codec, PixelFormat};
@@ -199,6 +199,11 @@ pub(crate) fn raw_to_rgb8(layout: &RawLayout, data: &[u8]) -> RgbImage {
 /// Alpha is dropped (not blended); grey is replicated; 16-bit samples become 8 bit by `>> 8`,
 /// the same rule as `mono16` (and as OpenCV's `imdecode` with `IMREAD_COLOR`). A jpeg without
 /// Huffman tables (UVC MJPEG) gets the standard ones.
+///
+/// The decoder writes into one buffer of the size its header announces, and that buffer is
+/// narrowed (or widened, for grey) to RGB8 in place: a 16-bit or RGBA image never has a
+/// second full-size copy, so the peak is the header's `w·h·bytes per pixel`
+/// ([`crate::Layout::decoded_bytes`]).
 pub(crate) fn decode_to_rgb8(
     codec: Codec,
     data: &[u8],
@@ -212,32 +217,90 @@ pub(crate) fn decode_to_rgb8(
         tracing::debug!("jpeg without Huffman tables: using the standard ones (MJPEG)");
     }
     let data = patched.as_deref().unwrap_or(data);
+    let failed = |e: image::ImageError| FrameError::Decode {
+        codec,
+        reason: e.to_string(),
+    };
     let mut reader = image::ImageReader::with_format(Cursor::new(data), image_format(codec));
     let mut caps = image::Limits::default();
     caps.max_image_width = Some(limits.max_width);
     caps.max_image_height = Some(limits.max_height);
     caps.max_alloc = Some(limits.max_decoded_bytes());
-    reader.limits(caps);
-    let decoded = reader.decode().map_err(|e| FrameError::Decode {
+    reader.limits(caps.clone());
+    let decoder = reader.into_decoder().map_err(failed)?;
+    let (w, h) = decoder.dimensions();
+    let color = decoder.color_type();
+    let total = decoder.total_bytes();
+    caps.reserve(total).map_err(failed)?;
+    let mut buf = vec![
+        0u8;
+        usize::try_from(total).map_err(|_| FrameError::TooLarge {
+            width: w,
+            height: h,
+            max_width: limits.max_width,
+            max_height: limits.max_height,
+        })?
+    ];
+    decoder.read_image(&mut buf).map_err(failed)?;
+    let pixels = w as usize * h as usize;
+    to_rgb8_in_place(&mut buf, color, pixels).map_err(|reason| FrameError::Decode {
         codec,
-        reason: e.to_string(),
+        reason: reason.to_owned(),
     })?;
-    Ok(match decoded {
-        DynamicImage::ImageLuma16(_)
-        | DynamicImage::ImageLumaA16(_)
-        | DynamicImage::ImageRgb16(_)
-        | DynamicImage::ImageRgba16(_) => {
-            let wide = decoded.into_rgb16();
-            let (w, h) = wide.dimensions();
-            let narrow = wide
-                .into_raw()
-                .into_iter()
-                .map(|v| (v >> 8) as u8)
-                .collect();
-            RgbImage::from_raw(w, h, narrow).expect("same sample count")
+    Ok(RgbImage::from_raw(w, h, buf).expect("narrowed to width*height*3"))
+}
+
+/// Turns `pixels` decoded pixels of `color` (samples in native byte order, as
+/// `ImageDecoder::read_image` gives them) into tight RGB8 in the same buffer.
+///
+/// A pixel of at least three bytes is narrowed front to back (pixel `i` is written at `3i`,
+/// never past where pixel `i + 1` is still to be read), then the tail is cut off; a smaller
+/// one (grey, grey+alpha, 16-bit grey) is widened back to front after the buffer grows to
+/// RGB8. Either way only one buffer exists.
+fn to_rgb8_in_place(
+    buf: &mut Vec<u8>,
+    color: ColorType,
+    pixels: usize,
+) -> Result<(), &'static str> {
+    let channels = usize::from(color.channel_count());
+    let bpp = usize::from(color.bytes_per_pixel());
+    let sample = bpp / channels.max(1);
+    // The high byte of a native-endian u16 sample, the only byte of an 8-bit one.
+    let hi = match sample {
+        1 => 0,
+        2 => usize::from(cfg!(target_endian = "little")),
+        _ => return Err("unsupported sample depth (only 8 and 16 bit are decoded)"),
+    };
+    if buf.len() != pixels * bpp {
+        return Err("decoded size does not match the header");
+    }
+    if color == ColorType::Rgb8 {
+        return Ok(());
+    }
+    // Grey (with or without alpha) replicates its one sample; colour takes its first three.
+    let offsets = if channels >= 3 {
+        [hi, sample + hi, 2 * sample + hi]
+    } else {
+        [hi; 3]
+    };
+    if bpp >= 3 {
+        for i in 0..pixels {
+            let src = i * bpp;
+            let px = offsets.map(|o| buf[src + o]);
+            buf[3 * i..3 * i + 3].copy_from_slice(&px);
         }
-        other => other.into_rgb8(),
-    })
+        buf.truncate(3 * pixels);
+        // Gives the tail back (a shrinking realloc; large blocks shrink in place).
+        buf.shrink_to_fit();
+    } else {
+        buf.resize(3 * pixels, 0);
+        for i in (0..pixels).rev() {
+            let src = i * bpp;
+            let px = offsets.map(|o| buf[src + o]);
+            buf[3 * i..3 * i + 3].copy_from_slice(&px);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -9,6 +9,8 @@
 //!   uses BT.601 limited range, see [`yuv_to_rgb`]. [`Frame::decoded`] decodes a jpeg/png
 //!   body at once, so a body that does not decode is a rejection on arrival rather than a
 //!   failure of the ask that uses it.
+//! - [`DecodeBudget`] caps the pixels of one image and the decoded bytes of a request's
+//!   images, from their headers, before any pixel is decoded.
 //! - [`CameraCache`] keeps the latest valid frame per topic and picks the frame for an ask.
 //!
 //! This crate must not depend on r2r, ROS message types or tokio: the node maps message
@@ -27,6 +29,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+mod budget;
 mod cache;
 mod convert;
 mod encoding;
@@ -35,6 +38,7 @@ mod frame;
 mod mjpeg;
 mod validate;
 
+pub use budget::{BudgetError, DecodeBudget};
 pub use cache::{
     CacheConfig, CacheConfigError, CachedFrame, CameraCache, FrameHeader, Freshness, RejectWarning,
     SelectError, Stamp, TopicStats, UnknownTopic,

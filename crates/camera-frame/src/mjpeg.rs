@@ -93,6 +93,33 @@ pub(crate) fn with_standard_tables(data: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// The component count of a progressive jpeg (SOF2, SOF6, SOF10, SOF14), `None` for any
+/// other frame type or a stream whose markers cannot be walked up to its frame header.
+///
+/// A progressive scan refines every coefficient of the picture, so the decoder holds all of
+/// them (two bytes per sample) besides its output: the decode budget has to know.
+pub(crate) fn progressive_components(data: &[u8]) -> Option<u8> {
+    let mut i = 2; // after SOI
+    loop {
+        if *data.get(i)? != 0xFF {
+            return None;
+        }
+        let marker = *data.get(i + 1)?;
+        match marker {
+            0xFF => i += 1,
+            // FF Cx, length (2), precision, height (2), width (2), then Nf.
+            0xC2 | 0xC6 | 0xCA | 0xCE => return data.get(i + 9).copied(),
+            // Every other frame header, or the scan: not progressive.
+            0xC0 | 0xC1 | 0xC3 | 0xC5 | 0xC7 | 0xC9 | 0xCB | 0xCD | 0xCF | 0xDA => return None,
+            0x01 | 0xD0..=0xD8 => i += 2,
+            _ => {
+                let len = u16::from_be_bytes([*data.get(i + 2)?, *data.get(i + 3)?]);
+                i += 2 + usize::from(len);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +136,27 @@ mod tests {
             assert_eq!(n, vals.len());
         }
         assert_eq!(standard_dht().len(), 2 + 418);
+    }
+
+    #[test]
+    fn progressive_frames_are_found_before_the_scan() {
+        // SOI, APP0 (len 4), SOFn (len 11: precision, 16x16, 3 components...).
+        let frame = |sof: u8| {
+            let mut d = vec![0xFF, 0xD8, 0xFF, 0xE0, 0, 4, 1, 2, 0xFF, sof, 0, 11, 8];
+            d.extend_from_slice(&[0, 16, 0, 16, 3, 1, 0x11, 0]);
+            d
+        };
+        assert_eq!(progressive_components(&frame(0xC2)), Some(3));
+        assert_eq!(progressive_components(&frame(0xC0)), None);
+        assert_eq!(
+            progressive_components(&frame(0xC2)[..12]),
+            None,
+            "cut short"
+        );
+        assert_eq!(
+            progressive_components(&[0xFF, 0xD8, 0xFF, 0xDA, 0, 2]),
+            None
+        );
     }
 
     #[test]

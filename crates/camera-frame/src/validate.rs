@@ -3,6 +3,8 @@
 use std::fmt;
 use std::io::Cursor;
 
+use image::ImageDecoder;
+
 use crate::encoding::{parse_compressed_format, Codec, CompressedFormat, Encoding, PixelFormat};
 use crate::error::FrameError;
 
@@ -130,6 +132,10 @@ pub struct CompressedLayout {
     /// From the codec header (authoritative over any `Image.width`/`height`).
     pub width: u32,
     pub height: u32,
+    /// Bytes per pixel the decoder holds, from the header: its output's (colour type and
+    /// sample depth, 8 for 16-bit RGBA), plus two per component for a progressive jpeg's
+    /// coefficients.
+    pub decode_bytes_per_pixel: u32,
 }
 
 /// What validation found a frame to be.
@@ -154,6 +160,23 @@ impl Layout {
             Self::Raw(r) => r.height,
             Self::Compressed(c) => c.height,
         }
+    }
+
+    /// Width × height, as the header gives them.
+    pub fn pixels(&self) -> u64 {
+        u64::from(self.width()) * u64::from(self.height())
+    }
+
+    /// The most memory converting the frame to RGB8 takes at once, known from the header
+    /// before any pixel is decoded: a raw frame's RGB8 output (`w·h·3`); a jpeg/png body's
+    /// decoded buffer (`w·h·bytes per pixel`, at least the RGB8 it is narrowed to in place).
+    pub fn decoded_bytes(&self) -> u64 {
+        let per_pixel = match self {
+            Self::Raw(_) => 3,
+            Self::Compressed(c) => c.decode_bytes_per_pixel.max(3),
+        };
+        // Saturating: a header cannot make the charge wrap to a small one.
+        self.pixels().saturating_mul(u64::from(per_pixel))
     }
 
     /// The frame's encoding.
@@ -305,17 +328,25 @@ fn read_compressed_header(
     if !data.starts_with(codec.magic()) {
         return Err(FrameError::BadMagic { codec });
     }
-    let (width, height) = image::ImageReader::with_format(Cursor::new(data), image_format(codec))
-        .into_dimensions()
+    // The decoder reads the header only (a png's IHDR, a jpeg's segments up to the scan):
+    // no pixel is inflated before the caps have seen the size.
+    let decoder = image::ImageReader::with_format(Cursor::new(data), image_format(codec))
+        .into_decoder()
         .map_err(|e| FrameError::BadHeader {
             codec,
             reason: e.to_string(),
         })?;
+    let (width, height) = decoder.dimensions();
     limits.check_dims(width, height)?;
+    let coefficients = match codec {
+        Codec::Jpeg => crate::mjpeg::progressive_components(data).map_or(0, |n| 2 * u32::from(n)),
+        Codec::Png => 0,
+    };
     Ok(CompressedLayout {
         codec,
         width,
         height,
+        decode_bytes_per_pixel: u32::from(decoder.color_type().bytes_per_pixel()) + coefficients,
     })
 }
 
