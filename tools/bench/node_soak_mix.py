@@ -239,7 +239,19 @@ def main():
     p = MixPeer(a)
     p.wait_ask()
     p.action.wait_for_server(timeout_sec=60)
-    p.publish_frames('/image_raw', rgb8(load_rgb('scene_a.png', (640, 480))))
+    frame = rgb8(load_rgb('scene_a.png', (640, 480)))
+    p.publish_frames('/image_raw', frame)
+    # A live camera at 5 Hz for the whole soak (max_camera_silence_s holds asks to a live one).
+    live = threading.Event()
+    live.set()
+
+    def camera():
+        pub = p.publisher('/image_raw')
+        while live.is_set():
+            frame.header.stamp = p.node.get_clock().now().to_msg()
+            pub.publish(frame)
+            time.sleep(0.2)
+    threading.Thread(target=camera, daemon=True).start()
     rss = {'before': rss_kib(a.pid)}
     results, done = [], [0]
     t0 = time.monotonic()
@@ -258,6 +270,7 @@ def main():
         t.start()
     for t in threads:
         t.join()
+    live.clear()
     settle_tokens(p, results)
     time.sleep(1.0)
     rss['after_all'] = rss_kib(a.pid)
