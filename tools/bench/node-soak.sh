@@ -18,8 +18,12 @@ export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))} ROS_AUTOMATIC_DISCO
 cargo build --release -p bpu_vlm --bin vlm_node
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/vlm_node
 PROFILE="$ROOT/launch/fastdds_large_frames.xml"
+# The mix bounds the sessions' memory (2 MiB, 5 s idle) so old conversations are evicted and
+# expired as they would be over a long run, and the RSS check compares like with like.
+EXTRA=()
+if [ "${2:-}" = mix ]; then EXTRA=(-p session_memory_mb:=2 -p session_idle_s:=5.0); fi
 RUST_LOG=${RUST_LOG:-warn} "$BIN" --ros-args -p demo_model:=true -p cache_dir:="$ROOT/.cache/embedded-model" \
-  -p queue_depth:=2 -p diagnostics_period_s:=0.5 &
+  -p queue_depth:=2 -p diagnostics_period_s:=0.5 "${EXTRA[@]}" &
 PID=$!
 trap 'kill -INT $PID 2>/dev/null || true' EXIT
 SCRIPT=tools/bench/node_soak.py

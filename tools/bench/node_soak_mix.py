@@ -123,7 +123,8 @@ def ask_fields(a, client, i, name, extra):
                   temperature=0.0, max_new_tokens=a.max_new_tokens)
     fields.update(extra)
     if name == 'session':
-        fields['session_id'] = f'soak-{client}-{i % 7}'
+        # A conversation of a few turns, then a new one: old ones are evicted or expire.
+        fields['session_id'] = f'soak-{client}-{i // (5 * 19 * a.clients)}'
     if name == 'reserved_id':
         fields['request_id'] = f'req-{client}-{i}'
     return fields
@@ -253,7 +254,7 @@ def main():
             time.sleep(0.2)
     threading.Thread(target=camera, daemon=True).start()
     rss = {'before': rss_kib(a.pid)}
-    results, done = [], [0]
+    results, done, trace = [], [0], []
     t0 = time.monotonic()
 
     def progress():
@@ -262,6 +263,8 @@ def main():
             n = done[0]
         if n == 100:
             rss['after_100'] = rss_kib(a.pid)
+        if n % 250 == 0:
+            trace.append((n, rss_kib(a.pid), p.last_diag().get('session_bytes')))
 
     table = kinds(a)
     threads = [threading.Thread(target=client_loop, args=(p, a, c, table, results, progress))
@@ -295,6 +298,7 @@ def main():
         'problem_count': len(problems),
         'rss_kib': rss,
         'rss_growth_after_100': None if growth is None else round(growth, 4),
+        'rss_trace_kib_and_session_bytes': trace,
         'diagnostics_statuses': len(levels),
         'diagnostics_max_level': max(levels) if levels else None,
         'diagnostics_errors': errors,
