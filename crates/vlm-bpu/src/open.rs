@@ -116,10 +116,17 @@ impl BpuBackend {
         step("clearing the state")?;
         // Fresh buffers hold whatever the pool held before: the state starts zeroed and
         // flushed to the device.
-        me.clear_state().map_err(|e| BpuError::Config {
-            path: me.cfg.hbm.clone(),
-            reason: e.to_string(),
-        })?;
+        let cleared = me
+            .clear_state_until(&opts.interrupt)
+            .map_err(|e| BpuError::Config {
+                path: me.cfg.hbm.clone(),
+                reason: e.to_string(),
+            })?;
+        if !cleared {
+            return Err(BpuError::Interrupted {
+                step: state::CLEARING_THE_REST,
+            });
+        }
         step("deciding the prompt tail")?;
         me.decide_tail(dir, opts, has_weights)?;
         Ok(me)
@@ -420,7 +427,13 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         None => None,
     };
     let decode = Io::new(decode, 1, &cfg.hbm)?;
-    let sets = alloc_sets(&decode.graph, &cache_bytes, keep_set, &cfg.hbm)?;
+    let sets = alloc_sets(
+        &decode.graph,
+        &cache_bytes,
+        keep_set,
+        &cfg.hbm,
+        &opts.interrupt,
+    )?;
     // Fresh device memory holds anything: the first clear zeroes every row.
     let held = vec![shape.context; sets.len()];
     let state_shape = state::state_shape(&decode.graph, &shape);
@@ -482,20 +495,34 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
 }
 
 /// The two cache sets a run ping-pongs between, and the optional third one (`keep_set`).
+/// Interruptible between buffers ([`state::alloc_set`]): after the graph loads this is the
+/// longest step of opening (each buffer is zeroed and flushed; the 4B's three sets at ctx4k
+/// are ~450 MB), and a shutdown waited for all of it.
 fn alloc_sets(
     decode: &Graph,
     cache_bytes: &[usize],
     keep_set: bool,
     hbm: &Path,
+    interrupt: &Interrupt,
 ) -> Result<Vec<Vec<hbdnn::DeviceBuffer>>, BpuError> {
+    let per_set = cache_bytes
+        .iter()
+        .fold(0u64, |a, &n| a.saturating_add(n as u64));
+    tracing::info!(
+        sets = 2 + usize::from(keep_set),
+        buffers_per_set = cache_bytes.len(),
+        mb_per_set = per_set >> 20,
+        "allocating the decode cache sets"
+    );
     let mut sets = vec![
-        state::alloc_set(decode, cache_bytes, hbm)?,
-        state::alloc_set(decode, cache_bytes, hbm)?,
+        state::alloc_set(decode, cache_bytes, hbm, interrupt)?,
+        state::alloc_set(decode, cache_bytes, hbm, interrupt)?,
     ];
     if keep_set {
         // Optional: without it a kept state is a host snapshot, as with the CPU backend.
-        match state::alloc_set(decode, cache_bytes, hbm) {
+        match state::alloc_set(decode, cache_bytes, hbm, interrupt) {
             Ok(set) => sets.push(set),
+            Err(e @ BpuError::Interrupted { .. }) => return Err(e),
             Err(e) => tracing::warn!(
                 "no third decode cache set ({e}): a primed state is restored by copy"
             ),
