@@ -427,13 +427,8 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         None => None,
     };
     let decode = Io::new(decode, 1, &cfg.hbm)?;
-    let sets = alloc_sets(
-        &decode.graph,
-        &cache_bytes,
-        keep_set,
-        &cfg.hbm,
-        &opts.interrupt,
-    )?;
+    let interrupt = &opts.interrupt;
+    let sets = alloc_sets(&decode.graph, &cache_bytes, keep_set, &cfg.hbm, interrupt)?;
     // Fresh device memory holds anything: the first clear zeroes every row.
     let held = vec![shape.context; sets.len()];
     let state_shape = state::state_shape(&decode.graph, &shape);
