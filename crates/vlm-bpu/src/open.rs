@@ -5,10 +5,12 @@
 //! buffers are checked against the pool before any is allocated.
 //!
 //! Each named step first looks at [`BpuOptions::interrupt`]: raised, opening stops there with
-//! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. A step itself
-//! cannot be cut short: on a board, loading the text graphs is one `hbDNNInitializeFromFiles`
-//! call that reads several GB of `.hbm` (≈ 15 s for the 4B) and returns only when done, so a
-//! shutdown then waits for it.
+//! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. Allocating and
+//! clearing the cache sets also look at it before each buffer: the runtime zeroes and flushes
+//! every buffer, ~450 MB for the 4B's three sets at ctx4k, which took up to 7.5 s on a busy
+//! host and made a shutdown wait for all of it. Other steps cannot be cut short: on a board,
+//! loading the text graphs is one `hbDNNInitializeFromFiles` call that reads several GB of
+//! `.hbm` (≈ 15 s for the 4B) and returns only when done, so a shutdown then waits for it.
 
 use std::path::{Path, PathBuf};
 
