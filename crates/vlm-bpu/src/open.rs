@@ -7,7 +7,7 @@
 //! Each named step first looks at [`BpuOptions::interrupt`]: raised, opening stops there with
 //! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. Allocating and
 //! clearing the cache sets also look at it before each buffer: the runtime zeroes and flushes
-//! every buffer, ~450 MB for the 4B's three sets at ctx4k, which took up to 7.5 s on a busy
+//! every buffer, ~930 MB for the 4B's three sets at ctx4k, which took up to 7.5 s on a busy
 //! host and made a shutdown wait for all of it. Other steps cannot be cut short: on a board,
 //! loading the text graphs is one `hbDNNInitializeFromFiles` call that reads several GB of
 //! `.hbm` (≈ 15 s for the 4B) and returns only when done, so a shutdown then waits for it.
@@ -494,7 +494,7 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
 /// The two cache sets a run ping-pongs between, and the optional third one (`keep_set`).
 /// Interruptible between buffers ([`state::alloc_set`]): after the graph loads this is the
 /// longest step of opening (each buffer is zeroed and flushed; the 4B's three sets at ctx4k
-/// are ~450 MB), and a shutdown waited for all of it.
+/// are ~930 MB), and a shutdown waited for all of it.
 fn alloc_sets(
     decode: &Graph,
     cache_bytes: &[usize],

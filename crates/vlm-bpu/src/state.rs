@@ -17,7 +17,7 @@ use crate::{held, BpuBackend, BpuError};
 
 /// One cache set: a buffer per cache input of the decode graph, of `bytes[c]` bytes
 /// ([`contract::cache_buffer_bytes`]). `interrupt` is asked before each buffer: a 4B set at
-/// ctx4k is 64 buffers and ~150 MB that the runtime zeroes and flushes, seconds on a busy
+/// ctx4k is 64 buffers and ~310 MB that the runtime zeroes and flushes, seconds on a busy
 /// host, and a shutdown must not wait for the rest of them.
 pub(crate) fn alloc_set(
     decode: &Graph,
@@ -151,7 +151,7 @@ impl BpuBackend {
     }
 
     /// [`Self::clear_state`], asking `interrupt` before each buffer (the fresh sets of a 4B
-    /// package at ctx4k are ~450 MB to zero and flush). `Ok(false)`: interrupted, the state
+    /// package at ctx4k are ~930 MB to zero and flush). `Ok(false)`: interrupted, the state
     /// is only partly cleared (what was not zeroed still counts as held) and opening stops.
     pub(crate) fn clear_state_until(&mut self, interrupt: &Interrupt) -> Result<bool, EngineError> {
         let protected: Vec<bool> = (0..self.sets.len()).map(|i| self.protected(i)).collect();
