@@ -20,6 +20,7 @@ import random
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -83,9 +84,11 @@ def main():
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--window', type=float, default=5.0,
                     help='the signal lands uniformly in [0.2, window] s after spawning')
-    ap.add_argument('args', nargs=argparse.REMAINDER, help='-- then the node arguments')
-    a = ap.parse_args()
-    args = a.args[1:] if a.args[:1] == ['--'] else a.args
+    # Everything after `--` goes to the node as is (argparse would take `--runs` there too).
+    argv = sys.argv[1:]
+    cut = argv.index('--') if '--' in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    args = argv[cut + 1:]
     rng = random.Random(a.seed)
     delays = [rng.uniform(0.2, a.window) for _ in range(a.runs)]
     domain = 60 + os.getpid() % 30
