@@ -8,8 +8,8 @@
 //! 3. only then is `/ask` created, so a client that sees the service can be answered.
 //!
 //! Shutdown (SIGINT/SIGTERM) is a sequence of waits on events, never on time:
-//! 1. loading and warm-up are interrupted (they stop at the next load step or graph call;
-//!    a board's `hbDNNInitializeFromFiles` of several GB runs to its end first);
+//! 1. loading and warm-up are interrupted (they stop at the next load step, cache buffer or
+//!    graph call; a board's `hbDNNInitializeFromFiles` of several GB runs to its end first);
 //! 2. the queue is closed and every live request cancelled: each running or queued one gets
 //!    its `last` Token, its `Answer` and a `cancelled` response from the worker thread;
 //! 3. the worker thread ends and has released the model (BPU handles);

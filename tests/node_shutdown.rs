@@ -1,11 +1,12 @@
 //! The real `vlm_node` process stopping and the request bookkeeping around it, over a real
-//! ROS 2 graph: a signal during model load or warm-up stops at the next load step or graph
-//! call and exits 0, a second signal exits at once, a decode-state snapshot is taken only for
-//! an ask with a session, and a request id is free the moment its response is out (peer:
-//! `tests/peers/session_peer.py`). The node runs the embedded tiny model on the BPU
-//! simulator; the simulator's `slow=` faults stretch the load and warm-up so a signal lands
-//! inside them, and each faulted call logs a line, so the assertions are on the order and
-//! count of log lines and on exit codes, never on elapsed time.
+//! ROS 2 graph: a signal during model load or warm-up stops at the next load step, cache
+//! buffer or graph call and exits 0, a second signal exits at once, a decode-state snapshot
+//! is taken only for an ask with a session, and a request id is free the moment its response
+//! is out (peer: `tests/peers/session_peer.py`). The node runs the embedded tiny model on the
+//! BPU simulator; the simulator's `slow=` faults stretch the load and warm-up so a signal
+//! lands inside them, and each faulted call logs a line, so the assertions are on the order
+//! and count of log lines and on exit codes. The one bound on elapsed time (a stop during
+//! the cache allocation) is a behaviour check with a wide margin, not a speed measurement.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -218,6 +219,70 @@ async fn sigterm_during_model_load_stops_before_the_next_step_and_exits_0() -> a
     assert!(index(&log, "warm-up started").is_none());
     assert!(index(&log, "vlm_node stopped cleanly").is_some());
     Ok(())
+}
+
+/// SIGINT once the node has logged `inside` and then two calls slowed by `faults` (1 s
+/// each), so the signal lands between slowed calls of one start-up step; the node must stop
+/// at the boundary it then logs (`stopped`), after at most the call in flight.
+async fn sigint_inside(faults: &str, inside: &str, stopped: &str) -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let env = [
+        ("BPU_SIM_FAULTS", faults),
+        // The open steps' own lines are at debug level.
+        ("RUST_LOG", "info,vlm_bpu::open=debug"),
+    ];
+    let mut node = Node::start(&domain(), &[], &env)?;
+    node.wait_for(inside).await?;
+    node.wait_for(FAULT_LINE).await?;
+    node.wait_for(FAULT_LINE).await?;
+    node.signal("INT")?;
+    let sent = std::time::Instant::now();
+    let (status, log) = node.exit().await?;
+    let took = sent.elapsed();
+    assert_eq!(status.code(), Some(0), "{status}");
+    let signalled = index(&log, "SIGINT received").expect("the signal is logged");
+    let at = index(&log, stopped).unwrap_or_else(|| panic!("no {stopped:?} line"));
+    assert!(signalled < at);
+    // Only the call in flight when the signal came ran to its end.
+    assert!(count(&log[signalled..at], FAULT_LINE) <= 1);
+    assert_eq!(count(&log[at..], FAULT_LINE), 0, "no slowed call after it");
+    assert!(index(&log, "warm-up started").is_none());
+    assert!(index(&log, "vlm_node stopped cleanly").is_some());
+    // A stop, not a speed: without the boundary the node waited for the ~20 slowed calls
+    // left (over 20 s); with it, one call and the release (a few s in a debug build).
+    assert!(
+        took < Duration::from_secs(12),
+        "signal to exit took {took:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_the_cache_sets_are_allocated_stops_before_the_next_buffer(
+) -> anyhow::Result<()> {
+    // The demo model's three cache sets are 24 device buffers, allocated after the 13 other
+    // allocations of opening; each of the 24 takes 1 s longer (the 4B's sets at ctx4k took
+    // seconds on a busy host).
+    sigint_inside(
+        "hbUCPMallocCached:slow=1000@13*24",
+        "allocating the decode cache sets",
+        "interrupted before allocating the rest of the cache buffers",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_while_the_state_is_cleared_stops_before_the_next_buffer() -> anyhow::Result<()> {
+    // Clearing the fresh state flushes each of the 24 cache buffers once, after the 41
+    // flushes of the allocations; each of the 24 takes 1 s longer. The step's debug line is
+    // the one with the name in quotes.
+    sigint_inside(
+        "hbUCPMemFlush:slow=1000@41*24",
+        "\"clearing the state\"",
+        "interrupted before clearing the rest of the state",
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,9 +1,9 @@
 //! SIGINT and SIGTERM. The first asks for the orderly stop (`node::run`'s shutdown: the
-//! model load or warm-up is interrupted at its next step or graph call, live requests are
-//! cancelled and answered, exit 0). A second one ends the process at once, for an operator
-//! who will not wait for a graph call or a board's model load to finish: exit code 128 + the
-//! signal number, what a shell shows for a death by that signal ([`EXIT_SECOND_SIGINT`],
-//! [`EXIT_SECOND_SIGTERM`]).
+//! model load or warm-up is interrupted at its next step, cache buffer or graph call, live
+//! requests are cancelled and answered, exit 0). A second one ends the process at once, for
+//! an operator who will not wait for a graph call or a board's model load to finish: exit
+//! code 128 + the signal number, what a shell shows for a death by that signal
+//! ([`EXIT_SECOND_SIGINT`], [`EXIT_SECOND_SIGTERM`]).
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 

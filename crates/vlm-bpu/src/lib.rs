@@ -105,9 +105,9 @@ pub struct BpuOptions {
     /// Longest wait for one graph call. A call that takes longer fails the request and
     /// wedges the runtime (the task may still be running; see `hbdnn::Runtime::is_wedged`).
     pub timeout: Duration,
-    /// Asked before each step of opening; raised, [`BpuBackend::open`] stops with
-    /// [`BpuError::Interrupted`] (a step in progress, such as a board's graph load, runs to
-    /// its end).
+    /// Asked before each step of opening and before each cache buffer allocated or cleared;
+    /// raised, [`BpuBackend::open`] stops with [`BpuError::Interrupted`] (a call in progress,
+    /// such as a board's graph load, runs to its end).
     pub interrupt: Interrupt,
     /// The ION pool preflight ([`PoolCheck`]; parses `strict`, `warn`, `off`): `Strict`
     /// refuses a pool identified and too small, and one that cannot be identified; `Warn`

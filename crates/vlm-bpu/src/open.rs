@@ -5,10 +5,12 @@
 //! buffers are checked against the pool before any is allocated.
 //!
 //! Each named step first looks at [`BpuOptions::interrupt`]: raised, opening stops there with
-//! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. A step itself
-//! cannot be cut short: on a board, loading the text graphs is one `hbDNNInitializeFromFiles`
-//! call that reads several GB of `.hbm` (≈ 15 s for the 4B) and returns only when done, so a
-//! shutdown then waits for it.
+//! [`BpuError::Interrupted`] and whatever was loaded or allocated is released. Allocating and
+//! clearing the cache sets also look at it before each buffer: the runtime zeroes and flushes
+//! every buffer, ~930 MB for the 4B's three sets at ctx4k, which took up to 7.5 s on a busy
+//! host and made a shutdown wait for all of it. Other steps cannot be cut short: on a board,
+//! loading the text graphs is one `hbDNNInitializeFromFiles` call that reads several GB of
+//! `.hbm` (≈ 15 s for the 4B) and returns only when done, so a shutdown then waits for it.
 
 use std::path::{Path, PathBuf};
 
@@ -116,10 +118,17 @@ impl BpuBackend {
         step("clearing the state")?;
         // Fresh buffers hold whatever the pool held before: the state starts zeroed and
         // flushed to the device.
-        me.clear_state().map_err(|e| BpuError::Config {
-            path: me.cfg.hbm.clone(),
-            reason: e.to_string(),
-        })?;
+        let cleared = me
+            .clear_state_until(&opts.interrupt)
+            .map_err(|e| BpuError::Config {
+                path: me.cfg.hbm.clone(),
+                reason: e.to_string(),
+            })?;
+        if !cleared {
+            return Err(BpuError::Interrupted {
+                step: state::CLEARING_THE_REST,
+            });
+        }
         step("deciding the prompt tail")?;
         me.decide_tail(dir, opts, has_weights)?;
         Ok(me)
@@ -420,7 +429,8 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
         None => None,
     };
     let decode = Io::new(decode, 1, &cfg.hbm)?;
-    let sets = alloc_sets(&decode.graph, &cache_bytes, keep_set, &cfg.hbm)?;
+    let interrupt = &opts.interrupt;
+    let sets = alloc_sets(&decode.graph, &cache_bytes, keep_set, &cfg.hbm, interrupt)?;
     // Fresh device memory holds anything: the first clear zeroes every row.
     let held = vec![shape.context; sets.len()];
     let state_shape = state::state_shape(&decode.graph, &shape);
@@ -482,20 +492,34 @@ fn allocate(loaded: Loaded, opts: &BpuOptions) -> Result<BpuBackend, BpuError> {
 }
 
 /// The two cache sets a run ping-pongs between, and the optional third one (`keep_set`).
+/// Interruptible between buffers ([`state::alloc_set`]): after the graph loads this is the
+/// longest step of opening (each buffer is zeroed and flushed; the 4B's three sets at ctx4k
+/// are ~930 MB), and a shutdown waited for all of it.
 fn alloc_sets(
     decode: &Graph,
     cache_bytes: &[usize],
     keep_set: bool,
     hbm: &Path,
+    interrupt: &Interrupt,
 ) -> Result<Vec<Vec<hbdnn::DeviceBuffer>>, BpuError> {
+    let per_set = cache_bytes
+        .iter()
+        .fold(0u64, |a, &n| a.saturating_add(n as u64));
+    tracing::info!(
+        sets = 2 + usize::from(keep_set),
+        buffers_per_set = cache_bytes.len(),
+        mb_per_set = per_set >> 20,
+        "allocating the decode cache sets"
+    );
     let mut sets = vec![
-        state::alloc_set(decode, cache_bytes, hbm)?,
-        state::alloc_set(decode, cache_bytes, hbm)?,
+        state::alloc_set(decode, cache_bytes, hbm, interrupt)?,
+        state::alloc_set(decode, cache_bytes, hbm, interrupt)?,
     ];
     if keep_set {
         // Optional: without it a kept state is a host snapshot, as with the CPU backend.
-        match state::alloc_set(decode, cache_bytes, hbm) {
+        match state::alloc_set(decode, cache_bytes, hbm, interrupt) {
             Ok(set) => sets.push(set),
+            Err(e @ BpuError::Interrupted { .. }) => return Err(e),
             Err(e) => tracing::warn!(
                 "no third decode cache set ({e}): a primed state is restored by copy"
             ),

@@ -8,6 +8,7 @@ use hbdnn::{DeviceBuffer, Graph};
 
 use vlm::chat::Pos3;
 use vlm::engine::{CacheLayout, EngineError, StateBlob, StateShape};
+use vlm::interrupt::Interrupt;
 
 use crate::contract::{self, DecodeShape, FIXED_IN};
 use crate::error::device;
@@ -15,22 +16,43 @@ use crate::logits::LogitsAt;
 use crate::{held, BpuBackend, BpuError};
 
 /// One cache set: a buffer per cache input of the decode graph, of `bytes[c]` bytes
-/// ([`contract::cache_buffer_bytes`]).
+/// ([`contract::cache_buffer_bytes`]). `interrupt` is asked before each buffer: a 4B set at
+/// ctx4k is 64 buffers and ~310 MB that the runtime zeroes and flushes, seconds on a busy
+/// host, and a shutdown must not wait for the rest of them.
 pub(crate) fn alloc_set(
     decode: &Graph,
     bytes: &[usize],
     hbm: &Path,
+    interrupt: &Interrupt,
 ) -> Result<Vec<DeviceBuffer>, BpuError> {
-    bytes
-        .iter()
-        .enumerate()
-        .map(|(c, &n)| decode.alloc_input_at_least(FIXED_IN + c, n))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| BpuError::Hbdnn {
-            path: hbm.to_owned(),
-            source,
-        })
+    let mut set = Vec::with_capacity(bytes.len());
+    for (c, &n) in bytes.iter().enumerate() {
+        if interrupt.is_raised() {
+            tracing::info!(
+                buffer = c,
+                of = bytes.len(),
+                "opening the package interrupted before {ALLOCATING_THE_REST}"
+            );
+            return Err(BpuError::Interrupted {
+                step: ALLOCATING_THE_REST,
+            });
+        }
+        let buf = decode
+            .alloc_input_at_least(FIXED_IN + c, n)
+            .map_err(|source| BpuError::Hbdnn {
+                path: hbm.to_owned(),
+                source,
+            })?;
+        set.push(buf);
+    }
+    Ok(set)
 }
+
+/// Where [`alloc_set`] stops when interrupted.
+pub(crate) const ALLOCATING_THE_REST: &str = "allocating the rest of the cache buffers";
+
+/// Where [`BpuBackend::clear_state_until`] stops when interrupted at open.
+pub(crate) const CLEARING_THE_REST: &str = "clearing the rest of the state";
 
 /// What a snapshot holds: each cache's size (and window rows, saved only as far as filled)
 /// and the decode-logits image.
@@ -125,6 +147,13 @@ impl BpuBackend {
     /// Empties the state: every set but the protected ones is zeroed (as far as it may hold
     /// rows).
     pub(crate) fn clear_state(&mut self) -> Result<(), EngineError> {
+        self.clear_state_until(&Interrupt::new()).map(|_| ())
+    }
+
+    /// [`Self::clear_state`], asking `interrupt` before each buffer (the fresh sets of a 4B
+    /// package at ctx4k are ~930 MB to zero and flush). `Ok(false)`: interrupted, the state
+    /// is only partly cleared (what was not zeroed still counts as held) and opening stops.
+    pub(crate) fn clear_state_until(&mut self, interrupt: &Interrupt) -> Result<bool, EngineError> {
         let protected: Vec<bool> = (0..self.sets.len()).map(|i| self.protected(i)).collect();
         let context = self.shape.context;
         for (i, set) in self.sets.iter_mut().enumerate() {
@@ -132,6 +161,13 @@ impl BpuBackend {
                 continue;
             }
             for (buf, layout) in set.iter_mut().zip(&self.state_shape.caches) {
+                if interrupt.is_raised() {
+                    tracing::info!(
+                        set = i,
+                        "opening the package interrupted before {CLEARING_THE_REST}"
+                    );
+                    return Ok(false);
+                }
                 let r = layout.occupied(self.held[i], context);
                 if r.is_empty() {
                     continue;
@@ -151,7 +187,7 @@ impl BpuBackend {
         self.logits.clear();
         self.image_in_decode_buffer = false;
         self.logit_image.fill(0);
-        Ok(())
+        Ok(true)
     }
 
     pub(crate) fn save_state(

@@ -1,7 +1,7 @@
 //! The assistant around its requests, on a sim package of the tiny-4b fixture (vision on):
-//! opening and warm-up stop at the next step or graph call once interrupted — counted by the
-//! simulator, never timed — and release what they opened; a decode-state snapshot is taken
-//! only for a turn that is kept, counted at the backend seam.
+//! opening and warm-up stop at the next step, cache buffer or graph call once interrupted —
+//! counted by the simulator, never timed — and release what they opened; a decode-state
+//! snapshot is taken only for a turn that is kept, counted at the backend seam.
 #![allow(clippy::unwrap_used)]
 
 use std::fmt::Debug;
@@ -126,7 +126,13 @@ fn opening_stops_before_the_next_step_and_releases_what_it_opened() {
     }
 
     // Raised while step i runs: step i completes, step i + 1 never starts, and everything
-    // loaded or allocated so far is released.
+    // loaded or allocated so far is released. The two steps made of one call per cache buffer
+    // stop inside, before their next buffer (here: before the first).
+    let inside = |step: &str| match step {
+        "allocating the buffers" => Some("allocating the rest of the cache buffers"),
+        "clearing the state" => Some("clearing the rest of the state"),
+        _ => None,
+    };
     for (i, during) in steps.iter().enumerate() {
         let interrupt = Interrupt::new();
         let raise = interrupt.clone();
@@ -139,7 +145,8 @@ fn opening_stops_before_the_next_step_and_releases_what_it_opened() {
             },
             || BpuBackend::open(&pkg, &opts(&interrupt)),
         );
-        match (steps.get(i + 1), r) {
+        let next = inside(during).or(steps.get(i + 1).map(String::as_str));
+        match (next, r) {
             (Some(next), Err(BpuError::Interrupted { step })) => assert_eq!(step, next),
             // Nothing is asked after the last step: the open completes.
             (None, Ok(b)) => drop(b),

@@ -2,7 +2,8 @@
 //!
 //! A graph call cannot be stopped once submitted (on a board it runs to its end on the BPU),
 //! so long work checks the flag at its boundaries — between the named steps of opening a
-//! package, before each graph call of the warm-up — and stops at the next one. A request has
+//! package and between the cache buffers it allocates and clears, before each graph call of
+//! the warm-up — and stops at the next one. A request has
 //! its own cancel flag ([`crate::assistant::Turn::cancel`]); this one is raised from outside,
 //! e.g. by a signal handler on another thread.
 
