@@ -117,22 +117,29 @@ fn turn(rep: &Value, id: &str) -> u64 {
     t
 }
 
+/// Runs `vlm_node` (diagnostics every 50 ms, plus `params`) and the turns peer in `mode`;
+/// the peer's report and the node's log.
+async fn run_turns(mode: &str, params: &[(&str, &str)]) -> anyhow::Result<(Value, String)> {
+    ros_env();
+    let d = domain();
+    let mut all = vec![("diagnostics_period_s", "0.05")];
+    all.extend_from_slice(params);
+    let node = start_demo_node(&d, &all, &peer_env(&d))?;
+    node.serve_peer(
+        &d,
+        "tests/peers/turns_peer.py",
+        &[mode],
+        Duration::from_secs(300),
+    )
+    .await
+}
+
 /// Each answer reports the turn of its session: 1, 2, 3 over the service and as action
 /// goals, a session continued from the action over the service, 0 without a session. And a
 /// flood of malformed goals (all refused) gets one rate-limited warning, not one each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_report_their_session_turn() -> anyhow::Result<()> {
-    ros_env();
-    let d = domain();
-    let node = start_demo_node(&d, &[("diagnostics_period_s", "0.05")], &peer_env(&d))?;
-    let (rep, log) = node
-        .serve_peer(
-            &d,
-            "tests/peers/turns_peer.py",
-            &["turns"],
-            Duration::from_secs(300),
-        )
-        .await?;
+    let (rep, log) = run_turns("turns", &[]).await?;
     for (i, id) in ["s-1", "s-2", "s-3"].into_iter().enumerate() {
         assert_eq!(turn(&rep, id), i as u64 + 1, "{id} (service)");
     }
@@ -172,21 +179,7 @@ async fn answers_report_their_session_turn() -> anyhow::Result<()> {
 /// diagnostics count the eviction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_evicted_session_restarts_at_turn_1_and_is_counted() -> anyhow::Result<()> {
-    ros_env();
-    let d = domain();
-    let node = start_demo_node(
-        &d,
-        &[("diagnostics_period_s", "0.05"), ("session_memory_mb", "1")],
-        &peer_env(&d),
-    )?;
-    let (rep, _log) = node
-        .serve_peer(
-            &d,
-            "tests/peers/turns_peer.py",
-            &["evict"],
-            Duration::from_secs(300),
-        )
-        .await?;
+    let (rep, _log) = run_turns("evict", &[("session_memory_mb", "1")]).await?;
     assert_eq!(turn(&rep, "v-1"), 1);
     assert_eq!(turn(&rep, "v-2"), 2, "the session was kept");
     let fillers = rep["fillers"].as_u64().unwrap();
@@ -204,21 +197,7 @@ async fn an_evicted_session_restarts_at_turn_1_and_is_counted() -> anyhow::Resul
 /// A session expired after `session_idle_s` starts afresh too, and is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_session_restarts_at_turn_1_and_is_counted() -> anyhow::Result<()> {
-    ros_env();
-    let d = domain();
-    let node = start_demo_node(
-        &d,
-        &[("diagnostics_period_s", "0.05"), ("session_idle_s", "2.0")],
-        &peer_env(&d),
-    )?;
-    let (rep, _log) = node
-        .serve_peer(
-            &d,
-            "tests/peers/turns_peer.py",
-            &["expire"],
-            Duration::from_secs(300),
-        )
-        .await?;
+    let (rep, _log) = run_turns("expire", &[("session_idle_s", "2.0")]).await?;
     assert_eq!(turn(&rep, "e-1"), 1);
     assert_eq!(turn(&rep, "e-2"), 2);
     let expired = &rep["expired_diag"];

@@ -29,6 +29,7 @@ from rclpy.action import ActionClient
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'tests', 'peers'))
 from node_peer import Peer, image, load_rgb, peer_arguments, rgb8  # noqa: E402
+from node_soak import rss_kib  # noqa: E402  (tools/bench, this script's folder)
 
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Ask, Cancel  # noqa: E402
@@ -37,14 +38,6 @@ from sensor_msgs.msg import CompressedImage  # noqa: E402
 
 ERROR = 2
 ADMITTED_CODES = ('cancelled', 'timeout', 'backend_error', 'context_overflow')
-
-
-def rss_kib(pid):
-    with open(f'/proc/{pid}/status') as f:
-        for line in f:
-            if line.startswith('VmRSS:'):
-                return int(line.split()[1])
-    return -1
 
 
 def png(width, height):

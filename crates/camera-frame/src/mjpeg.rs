@@ -62,10 +62,10 @@ fn standard_dht() -> Vec<u8> {
     seg
 }
 
-/// `data` with the standard tables inserted before the first scan, when no DHT precedes it;
-/// `None` when the stream already has tables or its markers cannot be walked (the decoder
-/// then reports the problem itself).
-pub(crate) fn with_standard_tables(data: &[u8]) -> Option<Vec<u8>> {
+/// Walks a jpeg's markers from after SOI to the first that `stop` picks; returns that
+/// marker's offset and code. `None` when the stream ends or a byte that should start a
+/// marker does not.
+fn find_marker(data: &[u8], stop: impl Fn(u8) -> bool) -> Option<(usize, u8)> {
     let mut i = 2; // after SOI
     loop {
         if *data.get(i)? != 0xFF {
@@ -73,16 +73,9 @@ pub(crate) fn with_standard_tables(data: &[u8]) -> Option<Vec<u8>> {
         }
         let marker = *data.get(i + 1)?;
         match marker {
+            m if stop(m) => return Some((i, m)),
             // Fill byte before a marker.
             0xFF => i += 1,
-            0xC4 => return None,
-            0xDA => {
-                let mut out = Vec::with_capacity(data.len() + 432);
-                out.extend_from_slice(&data[..i]);
-                out.extend_from_slice(&standard_dht());
-                out.extend_from_slice(&data[i..]);
-                return Some(out);
-            }
             // Markers without a length field.
             0x01 | 0xD0..=0xD8 => i += 2,
             _ => {
@@ -93,31 +86,37 @@ pub(crate) fn with_standard_tables(data: &[u8]) -> Option<Vec<u8>> {
     }
 }
 
+/// Whether `m` starts a frame header (SOF0..SOF15, not DHT, JPG or DAC).
+fn is_frame_header(m: u8) -> bool {
+    matches!(m, 0xC0..=0xCF) && !matches!(m, 0xC4 | 0xC8 | 0xCC)
+}
+
+/// `data` with the standard tables inserted before the first scan, when no DHT precedes it;
+/// `None` when the stream already has tables or its markers cannot be walked (the decoder
+/// then reports the problem itself).
+pub(crate) fn with_standard_tables(data: &[u8]) -> Option<Vec<u8>> {
+    let (i, marker) = find_marker(data, |m| matches!(m, 0xC4 | 0xDA))?;
+    if marker == 0xC4 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(data.len() + 432);
+    out.extend_from_slice(&data[..i]);
+    out.extend_from_slice(&standard_dht());
+    out.extend_from_slice(&data[i..]);
+    Some(out)
+}
+
 /// The component count of a progressive jpeg (SOF2, SOF6, SOF10, SOF14), `None` for any
 /// other frame type or a stream whose markers cannot be walked up to its frame header.
 ///
 /// A progressive scan refines every coefficient of the picture, so the decoder holds all of
 /// them (two bytes per sample) besides its output: the decode budget has to know.
 pub(crate) fn progressive_components(data: &[u8]) -> Option<u8> {
-    let mut i = 2; // after SOI
-    loop {
-        if *data.get(i)? != 0xFF {
-            return None;
-        }
-        let marker = *data.get(i + 1)?;
-        match marker {
-            0xFF => i += 1,
-            // FF Cx, length (2), precision, height (2), width (2), then Nf.
-            0xC2 | 0xC6 | 0xCA | 0xCE => return data.get(i + 9).copied(),
-            // Every other frame header, or the scan: not progressive.
-            0xC0 | 0xC1 | 0xC3 | 0xC5 | 0xC7 | 0xC9 | 0xCB | 0xCD | 0xCF | 0xDA => return None,
-            0x01 | 0xD0..=0xD8 => i += 2,
-            _ => {
-                let len = u16::from_be_bytes([*data.get(i + 2)?, *data.get(i + 3)?]);
-                i += 2 + usize::from(len);
-            }
-        }
-    }
+    let (i, marker) = find_marker(data, |m| is_frame_header(m) || m == 0xDA)?;
+    // FF Cx, length (2), precision, height (2), width (2), then Nf.
+    matches!(marker, 0xC2 | 0xC6 | 0xCA | 0xCE)
+        .then(|| data.get(i + 9).copied())
+        .flatten()
 }
 
 #[cfg(test)]
