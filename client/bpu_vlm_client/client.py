@@ -6,6 +6,7 @@ must name its request (`request_id`) and be subscribed before the first delta go
 for the ids it assigns), waits until the node's tokens publisher is matched, then calls.
 """
 
+import atexit
 import threading
 import time
 import uuid
@@ -182,16 +183,26 @@ class VlmClient:
         self._cancel = self.node.create_client(Cancel, self.names['cancel'])
         self._action = ActionClient(self.node, AskAction, self.names['action'])
         self._executor = None
+        self._spinner = None
         if self._own:
             self._executor = MultiThreadedExecutor(num_threads=2)
             self._executor.add_node(self.node)
-            threading.Thread(target=self._executor.spin, daemon=True).start()
+            self._spinner = threading.Thread(target=self._executor.spin, daemon=True)
+            self._spinner.start()
+            # A spin thread still inside rclpy when the interpreter exits aborts the process
+            # (std::terminate, exit status 134) after the answer was printed: stop it first.
+            atexit.register(self.close)
 
     def close(self):
+        """Stops the client's own spin thread and node (also run at interpreter exit)."""
         if self._executor is not None:
-            self._executor.shutdown()
-        if self._own:
-            self.node.destroy_node()
+            executor, self._executor = self._executor, None
+            executor.shutdown()
+            if self._spinner is not None:
+                self._spinner.join(timeout=5.0)
+            atexit.unregister(self.close)
+            if self._own:
+                self.node.destroy_node()
 
     def __enter__(self):
         return self
