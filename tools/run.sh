@@ -20,9 +20,16 @@ export ROS_AUTOMATIC_DISCOVERY_RANGE=${ROS_AUTOMATIC_DISCOVERY_RANGE:-LOCALHOST}
 # large-frame Fast DDS profile (docs/node.md, "Large frames").
 PROFILE="$ROOT/launch/fastdds_large_frames.xml"
 
-echo "[run] cargo build -p bpu_vlm --bin vlm_node"
-cargo build -p bpu_vlm --bin vlm_node
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/vlm_node
+if [ -n "${VLM_NODE_BIN:-}" ]; then
+  # tools/test.sh runs this script on the binary its test phase built: a `-p bpu_vlm` build
+  # after `cargo test --workspace` would rebuild the dependencies whose features the
+  # workspace unifies differently, minutes of CI for the same code.
+  BIN=$VLM_NODE_BIN
+else
+  echo "[run] cargo build -p bpu_vlm --bin vlm_node"
+  cargo build -p bpu_vlm --bin vlm_node
+  BIN=${CARGO_TARGET_DIR:-$ROOT/target}/debug/vlm_node
+fi
 
 echo "[run] starting vlm_node (ROS_DOMAIN_ID=$ROS_DOMAIN_ID; demo_model:=true: embedded tiny model)"
 "$BIN" --ros-args --params-file launch/vlm_params.yaml -p demo_model:=true \

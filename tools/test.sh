@@ -263,8 +263,8 @@ phase clippy cargo clippy --workspace --all-targets -- -D warnings
 wanted test && rm -f "$TEST_LOG"
 phase test run_tests
 phase flush-whole flush_whole_phase
-# The README's run command, as a newcomer types it (its build is the test phase's binary).
-phase run bash tools/run.sh
+# The README's run command, as a newcomer types it, on the node binary the test phase built.
+phase run env VLM_NODE_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/debug/vlm_node" bash tools/run.sh
 phase aarch64 aarch64_phase
 phase acceptance acceptance_phase
 if [ -z "${SKIP_COLCON:-}" ]; then
