@@ -395,6 +395,7 @@ impl Assistant {
         // From here the backend's state is this turn's, whatever happens.
         self.states.touched();
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        sampler.record_probabilities(turn.token_probs);
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         self.images_encoded += new.images.len() as u64;
@@ -427,6 +428,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
+            token_probs: sampler.take_probabilities(),
         })
     }
 

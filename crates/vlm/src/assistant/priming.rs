@@ -314,6 +314,7 @@ impl Assistant {
             ));
         }
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        sampler.record_probabilities(turn.token_probs);
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         let lead = Lead {
@@ -340,6 +341,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
+            token_probs: sampler.take_probabilities(),
         })
     }
 }
