@@ -5,6 +5,7 @@
 
 pub(crate) mod cameras;
 pub(crate) mod clock;
+pub mod lifecycle;
 pub mod log_level;
 pub(crate) mod log_limit;
 pub(crate) mod names;

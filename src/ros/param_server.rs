@@ -13,6 +13,7 @@ use r2r::indexmap::IndexMap;
 use r2r::{Parameter, ParameterValue, RosParams};
 
 use crate::process::panics::{contained, Panic};
+use crate::ros::lifecycle::{Lifecycle, StateId};
 use crate::ros::params::{spec, Apply, Kind, ParamError, Params, Spec, SPECS};
 
 /// The current parameters, shared by the parameter services (which replace them) and the
@@ -79,6 +80,10 @@ pub fn description(spec: &Spec) -> String {
         Apply::Restart => {
             "Read at start only: a run-time set is refused; restart the node to change it."
         }
+        Apply::Configure => {
+            "Read at start only, and at each configure: a run-time set is refused unless the \
+             node is unconfigured (docs/lifecycle.md); then it applies at the next configure."
+        }
     };
     format!("{}{values} {applies}", spec.description)
 }
@@ -97,6 +102,8 @@ pub struct ParamServer {
     live: LiveParams,
     /// `use_sim_time` as the node started with it (the clock is chosen once, at start).
     use_sim_time: bool,
+    /// The node's lifecycle state: an unconfigured node takes [`Apply::Configure`] sets.
+    lifecycle: Lifecycle,
 }
 
 /// ROS's own parameter, read at start by the node's clock (`crate::clock`).
@@ -104,7 +111,17 @@ const USE_SIM_TIME: &str = "use_sim_time";
 
 impl ParamServer {
     pub fn new(live: LiveParams, use_sim_time: bool) -> Self {
-        Self { live, use_sim_time }
+        Self {
+            live,
+            use_sim_time,
+            lifecycle: Lifecycle::active(),
+        }
+    }
+
+    /// The server of a managed node in `lifecycle`'s state.
+    pub fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
     }
 
     /// The parameters after setting `name` to `value`, checked as a params file would be;
@@ -137,7 +154,8 @@ impl ParamServer {
             return Ok(None);
         }
         match spec.apply {
-            Apply::Restart => Err(Refusal::RestartOnly(spec.name)),
+            Apply::Configure if self.lifecycle.state() == StateId::UNCONFIGURED => Ok(Some(next)),
+            Apply::Restart | Apply::Configure => Err(Refusal::RestartOnly(spec.name)),
             Apply::NextAsk => Ok(Some(next)),
         }
     }
@@ -367,6 +385,7 @@ mod tests {
             let tail = match spec.apply {
                 Apply::NextAsk => "applies to the next ask.",
                 Apply::Restart => "restart the node to change it.",
+                Apply::Configure => "applies at the next configure.",
             };
             assert!(text.ends_with(tail), "{}: {text}", spec.name);
         }
@@ -409,6 +428,7 @@ mod tests {
             let want = match spec.apply {
                 Apply::NextAsk => "| next ask |",
                 Apply::Restart => "| restart |",
+                Apply::Configure => "| restart or configure |",
             };
             assert!(
                 row.ends_with(want),
