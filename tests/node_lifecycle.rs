@@ -78,7 +78,11 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
     assert_eq!(rep["states"], json!([1, 2, 3, 4, 10, 11, 12, 13, 14, 15]));
 
     // A broken package: back to unconfigured, the reason in the log.
-    assert_eq!(rep["set_broken"]["successful"], true, "{}", rep["set_broken"]);
+    assert_eq!(
+        rep["set_broken"]["successful"], true,
+        "{}",
+        rep["set_broken"]
+    );
     assert_eq!(rep["configure_broken"], false);
     assert_eq!(rep["after_broken"], 1);
     assert_eq!(
@@ -100,8 +104,7 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
     assert_eq!(rep["activate"], true);
     assert_eq!(rep["after_activate"], 3);
     assert_eq!(
-        rep["ask_active"]["response"]["success"],
-        true,
+        rep["ask_active"]["response"]["success"], true,
         "{}",
         rep["ask_active"]
     );
@@ -110,7 +113,10 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
     // finished), the queued one is cancelled, later asks are refused.
     let set = &rep["set_model_dir_active"];
     assert_eq!(set["successful"], false, "{set}");
-    assert!(set["reason"].as_str().unwrap().contains("model_dir"), "{set}");
+    assert!(
+        set["reason"].as_str().unwrap().contains("model_dir"),
+        "{set}"
+    );
     assert_eq!(rep["deactivate"], true);
     let long = &rep["long"]["response"];
     assert!(
@@ -118,8 +124,7 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
         "{long}"
     );
     assert_eq!(
-        rep["queued"]["response"]["error_code"],
-        "cancelled",
+        rep["queued"]["response"]["error_code"], "cancelled",
         "{}",
         rep["queued"]
     );
@@ -160,6 +165,10 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
         (7, 3, 12),
         (50, 12, 4),
     ]);
-    assert_eq!(rep["events"].as_array().unwrap(), &want, "a TransitionEvent per step");
+    assert_eq!(
+        rep["events"].as_array().unwrap(),
+        &want,
+        "a TransitionEvent per step"
+    );
     Ok(())
 }
