@@ -130,8 +130,8 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     let mut values = vec![
         kv("state", s.state.as_str()),
         kv("lifecycle_state", d.lifecycle.state().label()),
-        // BPU memory held: the simulator's pool; none on the CPU backend or without a model.
-        kv("device_memory_bytes", s.sim_live.map_or(0, |l| l.pool_used)),
+        // BPU memory the process holds (board or simulator); none on the CPU backend.
+        kv("device_memory_bytes", vlm_bpu::device_bytes_held()),
         kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
         kv(
             "backend",

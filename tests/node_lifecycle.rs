@@ -148,6 +148,9 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
     assert_eq!(rep["activate_package"], true);
     assert_eq!(rep["ask_package"]["response"]["success"], true);
     assert_eq!(rep["serving_package"]["model_dir"], pkg_arg.as_str());
+    let held = &rep["serving_package"]["device_memory_bytes"];
+    let held: u64 = held.as_str().unwrap_or_default().parse()?;
+    assert!(held > 0, "a loaded model holds device memory");
     assert_eq!(rep["shutdown"], true);
     let want = events(&[
         (1, 1, 10),

@@ -10,8 +10,6 @@ pub use bpu_sim::package::{make_sim_package, PackageError, PackageOptions};
 pub struct LiveHandles {
     pub buffers: usize,
     pub tasks: usize,
-    /// Bytes drawn from the simulated ION pool (model files and buffers).
-    pub pool_used: u64,
 }
 
 /// The calling thread's simulator counters (the thread that opened a sim package).
@@ -20,6 +18,5 @@ pub fn live_handles() -> LiveHandles {
     LiveHandles {
         buffers: st.live_buffers,
         tasks: st.live_tasks,
-        pool_used: st.pool_used,
     }
 }
