@@ -15,7 +15,10 @@ use serde_json::{json, Value};
 use vlm_bpu::sim::{make_sim_package, PackageOptions};
 
 use common::node_proc::{domain, peer_env, start_demo_node};
-use common::{peer_report, repo_root, ros_env, spawn_python};
+use common::{peer_report, peer_report_with, repo_root, ros_env, spawn_python};
+
+/// One node at a time: a node and a peer keep the 2 cores busy.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A sim package of the tiny fixture model, apart from the embedded one.
 fn package(root: &Path) -> anyhow::Result<PathBuf> {
@@ -35,6 +38,7 @@ fn events(pairs: &[(u8, u8, u8)]) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()> {
     ros_env();
+    let _serial = SERIAL.lock().await;
     let tmp = tempfile::tempdir()?;
     let pkg = package(tmp.path())?;
     let pkg_arg = pkg.display().to_string();
@@ -172,6 +176,106 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
         rep["events"].as_array().unwrap(),
         &want,
         "a TransitionEvent per step"
+    );
+    Ok(())
+}
+
+/// With `autostart` (the default) the node serves at once, as before it had lifecycle states,
+/// and a manager can still free the BPU and load the model again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_autostarted_node_is_managed_too() -> anyhow::Result<()> {
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let node = start_demo_node(
+        &d,
+        &[("vision", "false"), ("diagnostics_period_s", "0.1")],
+        &[],
+    )?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/lifecycle_peer.py",
+            &["running"],
+            Duration::from_secs(180),
+        )
+        .await?;
+    assert_eq!(rep["start_state"], 3, "autostart: active");
+    assert_eq!(rep["ask"], true);
+    assert_eq!(
+        (&rep["deactivate"], &rep["cleanup"]),
+        (&json!(true), &json!(true))
+    );
+    assert_eq!(rep["released"]["device_memory_bytes"], "0");
+    assert_eq!(rep["released"]["state"], "unloaded");
+    assert_eq!(
+        (&rep["configure"], &rep["activate"]),
+        (&json!(true), &json!(true))
+    );
+    assert_eq!(rep["ask_again"], true);
+    Ok(())
+}
+
+/// The node's resident set in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// 20 configure / activate / deactivate / cleanup cycles: each cleanup leaves no device
+/// memory, simulator buffer or task, and the node's RSS after the last cycle is within 5 % of
+/// its RSS after the second (the first ones warm the allocator and the caches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_cycles_leak_nothing() -> anyhow::Result<()> {
+    const CYCLES: usize = 20;
+    ros_env();
+    let _serial = SERIAL.lock().await;
+    let d = domain();
+    let node = start_demo_node(
+        &d,
+        &[
+            ("autostart", "false"),
+            ("vision", "false"),
+            ("diagnostics_period_s", "0.1"),
+        ],
+        &[],
+    )?;
+    let pid = node.child.id().expect("the node runs");
+    let count = CYCLES.to_string();
+    let peer = spawn_python(
+        "tests/peers/lifecycle_peer.py",
+        &["cycles", "--count", &count],
+        &peer_env(&d),
+    )?;
+    let mut rss = Vec::new();
+    let rep = peer_report_with(peer, Duration::from_secs(600), |line| {
+        if line.starts_with("CYCLE ") {
+            rss.push(rss_kib(pid));
+        }
+    })
+    .await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "{exit}");
+    let answers = rep["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), CYCLES);
+    assert!(answers.iter().all(|a| *a == true), "{answers:?}");
+    for (i, r) in rep["released"].as_array().unwrap().iter().enumerate() {
+        for k in ["device_memory_bytes", "sim_live_buffers", "sim_live_tasks"] {
+            assert_eq!(r[k], "0", "cycle {i}: {k}: {r}");
+        }
+    }
+    assert_eq!(rss.len(), CYCLES, "{rss:?}");
+    let (warm, last) = (rss[1], rss[CYCLES - 1]);
+    eprintln!("RSS after each cycle (KiB): {rss:?}");
+    assert!(
+        last * 100 <= warm * 105,
+        "RSS grew beyond 5 %: {warm} KiB after cycle 2, {last} KiB after cycle {CYCLES}"
     );
     Ok(())
 }

@@ -8,7 +8,9 @@ Run with .ros2/venv/bin/python. Prints one JSON line prefixed "REPORT " and then
           configure of a broken package, configure, activate, a deactivate during a long
           answer, cleanup, a configure of --package, shutdown
   cycles  --count configure/activate/deactivate/cleanup cycles with one ask each; the
-          diagnostics after each cleanup
+          diagnostics after each cleanup; prints "CYCLE i" after each
+  running a node started with autostart: active at once, freed by deactivate + cleanup and
+          serving again after configure + activate
 """
 
 import os
@@ -180,9 +182,21 @@ def mode_cycles(p, a):
     return rep
 
 
+def mode_running(p, a):
+    rep = {'start_state': p.state()}
+    rep['ask'] = p.text_ask('run-0')['response']['success']
+    rep['deactivate'] = p.transition(DEACTIVATE)
+    rep['cleanup'] = p.transition(CLEANUP)
+    rep['released'] = p.released()
+    rep['configure'] = p.transition(CONFIGURE)
+    rep['activate'] = p.transition(ACTIVATE)
+    rep['ask_again'] = p.text_ask('run-1')['response']['success']
+    return rep
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['drive', 'cycles'])
+    ap.add_argument('mode', choices=['drive', 'cycles', 'running'])
     ap.add_argument('--node', default='/vlm_node')
     ap.add_argument('--prompt', default='Describe the robot.')
     ap.add_argument('--max-new-tokens', type=int, default=8)
@@ -193,7 +207,8 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     p = LifecyclePeer(a)
-    report_and_exit(lambda: {'drive': mode_drive, 'cycles': mode_cycles}[a.mode](p, a))
+    report_and_exit(lambda: {'drive': mode_drive, 'cycles': mode_cycles,
+                             'running': mode_running}[a.mode](p, a))
 
 
 if __name__ == '__main__':
