@@ -275,6 +275,30 @@ mod tests {
     }
 
     #[test]
+    fn model_settings_are_set_only_while_unconfigured() {
+        let lifecycle = Lifecycle::default();
+        let s = server().with_lifecycle(lifecycle.clone());
+        let dir = ParameterValue::String("/m".into());
+        s.set("model_dir", &dir).unwrap();
+        assert_eq!(s.live.snapshot().model_dir, Some("/m".into()));
+        // Configured (or serving): refused as before there were lifecycle states.
+        lifecycle.force(StateId::INACTIVE);
+        let e = s.set("model_dir", &ParameterValue::String("/n".into()));
+        assert!(matches!(e, Err(Refusal::RestartOnly("model_dir"))), "{e:?}");
+        let e = s.set("queue_depth", &ParameterValue::Integer(8));
+        assert!(
+            matches!(e, Err(Refusal::RestartOnly("queue_depth"))),
+            "{e:?}"
+        );
+        lifecycle.force(StateId::UNCONFIGURED);
+        let e = s.set("queue_depth", &ParameterValue::Integer(8));
+        assert!(
+            matches!(e, Err(Refusal::RestartOnly("queue_depth"))),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn restart_only_wrong_type_and_out_of_range_are_refused_with_the_reason() {
         let s = server();
         let e = s

@@ -191,6 +191,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_deactivate_cancels_the_waiting_requests_not_the_running_one() {
+        let r = Arc::new(Registry::new(4));
+        let (running, queued) = (r.admit("a").unwrap(), r.admit("b").unwrap());
+        running.running();
+        assert_eq!(r.cancel_waiting(), 1);
+        let flag = |a: &Admission| a.cancel_flag().load(Ordering::Acquire);
+        assert!(!flag(&running) && flag(&queued));
+        drop(running);
+        // Nothing runs now: every live request is waiting.
+        let next = r.admit("c").unwrap();
+        assert_eq!(r.cancel_waiting(), 2);
+        assert!(flag(&next));
+    }
+
+    #[test]
     fn depth_ids_and_cancel() {
         let r = Arc::new(Registry::new(2));
         let a = r.admit("a").unwrap();

@@ -42,6 +42,12 @@ impl Lifecycle {
         }
     }
 
+    /// Puts the machine in `state` (unit tests of what reads it).
+    #[cfg(test)]
+    pub(crate) fn force(&self, state: StateId) {
+        self.with(|m| *m = Machine::at(state));
+    }
+
     pub fn state(&self) -> StateId {
         self.with(|m| m.state())
     }
