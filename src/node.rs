@@ -1,11 +1,13 @@
 //! Entity creation, the spin thread, the worker thread and orderly shutdown.
 //!
 //! Start-up order:
-//! 1. node, parameters, publishers, camera subscriptions and `/vlm/cancel` are created on the
-//!    caller's thread; one `ros-spin` thread then owns the `r2r::Node` (later node operations
-//!    run on it through [`NodeOps`]);
-//! 2. the `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
-//! 3. only then is `/ask` created, so a client that sees the service can be answered.
+//! 1. node, parameters, publishers, camera subscriptions, `/vlm/cancel` and the lifecycle
+//!    services are created on the caller's thread; one `ros-spin` thread then owns the
+//!    `r2r::Node` (later node operations run on it through [`NodeOps`]);
+//! 2. with `autostart`, the configure and activate transitions (`crate::managed`): the
+//!    `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
+//! 3. only then is `/ask` created, so a client that sees the service can be answered (without
+//!    `autostart` at once: asks get `not_ready` until a manager configures and activates).
 //!
 //! Shutdown (SIGINT/SIGTERM) is a sequence of waits on events, never on time:
 //! 1. loading and warm-up are interrupted (they stop at the next load step, cache buffer or
@@ -15,6 +17,9 @@
 //! 3. the worker thread ends and has released the model (BPU handles);
 //! 4. `/ask` takes no more requests, and every request it took has had its response sent;
 //! 5. the spin thread drops the node (DDS entities finalised).
+//!
+//! A lifecycle shutdown transition runs the same sequence once its response and its events are
+//! out, and the process exits 0.
 
 use std::collections::HashMap;
 use std::future::Future;
