@@ -186,20 +186,32 @@ async fn a_manager_drives_the_node_through_its_lifecycle() -> anyhow::Result<()>
 async fn an_autostarted_node_is_managed_too() -> anyhow::Result<()> {
     ros_env();
     let _serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir()?;
+    let lock = tmp.path().join("engine.lock");
     let d = domain();
     let node = start_demo_node(
         &d,
         &[("vision", "false"), ("diagnostics_period_s", "0.1")],
-        &[],
+        &[(vlm_bpu::lock::LOCK_ENV, lock.display().to_string())],
     )?;
-    let (rep, _log) = node
-        .serve_peer(
-            &d,
-            "tests/peers/lifecycle_peer.py",
-            &["running"],
-            Duration::from_secs(180),
-        )
-        .await?;
+    let peer = spawn_python("tests/peers/lifecycle_peer.py", &["running"], &peer_env(&d))?;
+    // Whether the engine lock file is free when the peer says where it is (taken and given
+    // back at once, well before the peer's next transition).
+    let mut free = Vec::new();
+    let rep = peer_report_with(peer, Duration::from_secs(180), |line| {
+        if line == "SERVING" || line == "RELEASED" {
+            free.push((line.to_owned(), vlm_bpu::EngineLock::acquire(&lock).is_ok()));
+        }
+    })
+    .await;
+    let (exit, _log) = node.stop().await?;
+    let rep = rep?;
+    assert!(exit.success(), "{exit}");
+    assert_eq!(
+        free,
+        [("SERVING".to_owned(), false), ("RELEASED".to_owned(), true)],
+        "the lock file is held while loaded and released by the cleanup"
+    );
     assert_eq!(rep["start_state"], 3, "autostart: active");
     assert_eq!(rep["ask"], true);
     assert_eq!(

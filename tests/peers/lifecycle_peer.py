@@ -10,7 +10,8 @@ Run with .ros2/venv/bin/python. Prints one JSON line prefixed "REPORT " and then
   cycles  --count configure/activate/deactivate/cleanup cycles with one ask each; the
           diagnostics after each cleanup; prints "CYCLE i" after each
   running a node started with autostart: active at once, freed by deactivate + cleanup and
-          serving again after configure + activate
+          serving again after configure + activate; prints "SERVING" and "RELEASED" (then
+          waits a second each) so the test can try the engine lock
 """
 
 import os
@@ -185,9 +186,13 @@ def mode_cycles(p, a):
 def mode_running(p, a):
     rep = {'start_state': p.state()}
     rep['ask'] = p.text_ask('run-0')['response']['success']
+    print('SERVING', flush=True)
+    time.sleep(1.0)
     rep['deactivate'] = p.transition(DEACTIVATE)
     rep['cleanup'] = p.transition(CLEANUP)
     rep['released'] = p.released()
+    print('RELEASED', flush=True)
+    time.sleep(1.0)
     rep['configure'] = p.transition(CONFIGURE)
     rep['activate'] = p.transition(ACTIVATE)
     rep['ask_again'] = p.text_ask('run-1')['response']['success']
