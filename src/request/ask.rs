@@ -46,14 +46,14 @@ pub(crate) async fn handle_with(
         req.request_id.clone()
     };
     let GoalHooks { cancel, feedback } = hooks;
-    if let Some(why) = ctx.not_serving() {
-        tracing::info!(request_id = %id, "ask refused: {why}");
-        return refused(id, Failure::new(ErrorCode::NotReady, why), &ctx.nuls);
-    }
     // Runs after the size checks, so an id named in a refusal is a short one.
     let admit = || {
         if let Some(why) = client_id_error(&id).filter(|_| given) {
             return Err(Failure::new(ErrorCode::InvalidRequest, why));
+        }
+        // Only an active node takes asks (docs/lifecycle.md).
+        if let Some(why) = ctx.not_serving() {
+            return Err(Failure::new(ErrorCode::NotReady, why));
         }
         match cancel {
             Some(flag) => ctx.registry.admit_with(&id, flag),
