@@ -19,6 +19,8 @@ apply whatever the node's name and namespace. Arguments:
   log_level        debug|info|warn|error|fatal: passed as --ros-args --log-level, which sets
                    rcutils' level and the node's own log filter (it wins over RUST_LOG)
   demo_model       true|false: sets the parameter demo_model (the embedded tiny random model)
+  autostart        true|false: sets the parameter autostart (false: the node starts
+                   unconfigured and waits for a lifecycle manager; docs/lifecycle.md)
   respawn          true|false (default true): start the node again after it exits with a
                    code other than 0 (stopped) and 78 (configuration error: the same
                    settings fail the same way); a crash, exit 70 or a kill is restarted
@@ -47,6 +49,8 @@ LAUNCH_ARGUMENTS = (
     ('use_sim_time', '', 'true|false: overrides the parameter use_sim_time when given'),
     ('log_level', '', 'debug|info|warn|error|fatal: rcutils and the node log filter'),
     ('demo_model', '', 'true|false: overrides the parameter demo_model when given'),
+    ('autostart', '', 'true|false: overrides the parameter autostart when given '
+     '(false: wait for a lifecycle manager)'),
     ('respawn', 'true', 'true|false: start vlm_node again after an exit other than 0 and 78'),
     ('respawn_delay', '5.0', 'seconds before a respawn'),
     ('sigterm_timeout', '30', 'seconds from SIGINT to SIGTERM (a board load takes ~15 s)'),
@@ -135,6 +139,8 @@ def node_kwargs(args, default_params_file, on_exit=None):
         overrides['use_sim_time'] = _bool('use_sim_time', given('use_sim_time'))
     if given('demo_model'):
         overrides['demo_model'] = _bool('demo_model', given('demo_model'))
+    if given('autostart'):
+        overrides['autostart'] = _bool('autostart', given('autostart'))
     parameters = [given('params_file') or default_params_file]
     if overrides:
         parameters.append(overrides)

@@ -18,6 +18,7 @@ use crate::health::{self, NulWatch, Observed};
 use crate::process::fatal;
 use crate::process::test_hooks::{self, Site};
 use crate::ros::clock::RosClock;
+use crate::ros::lifecycle::Lifecycle;
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::time_limit;
 use crate::ros::spin::NodeOps;
@@ -63,6 +64,8 @@ pub(crate) struct Diagnostics {
     /// The parameters in force: the default camera's latest frame older than
     /// `max_image_age_s` (0 = no limit; settable at run time) is stale.
     pub params: LiveParams,
+    /// The node's lifecycle state (`lifecycle_state`).
+    pub lifecycle: Lifecycle,
 }
 
 /// The frame priming's counters: primings done and stopped, asks on its camera and
@@ -126,6 +129,9 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     });
     let mut values = vec![
         kv("state", s.state.as_str()),
+        kv("lifecycle_state", d.lifecycle.state().label()),
+        // BPU memory the process holds (board or simulator); none on the CPU backend.
+        kv("device_memory_bytes", vlm_bpu::device_bytes_held()),
         kv("model", s.model.as_ref().map_or("", |m| m.name.as_str())),
         kv(
             "backend",
@@ -159,9 +165,9 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
     if let Some(p) = &s.prefill {
         values.extend(prefill_values(p, now));
     }
-    if let Some((buffers, tasks)) = s.sim_live {
-        values.push(kv("sim_live_buffers", buffers));
-        values.push(kv("sim_live_tasks", tasks));
+    if let Some(live) = s.sim_live {
+        values.push(kv("sim_live_buffers", live.buffers));
+        values.push(kv("sim_live_tasks", live.tasks));
     }
     if let Some(c) = &d.cameras {
         for t in c.topics() {

@@ -47,7 +47,7 @@
 //! - `request`: `/ask`, `/vlm/cancel` and the Ask action, from a request to a queued job.
 //!
 //! Every room may use [`interface`] and [`msgs`], which use no room. The files directly in
-//! `src/` ([`node`], `diagnostics`, `health`, `model`, [`embedded`]) wire the rooms together
+//! `src/` ([`node`], `managed`, `diagnostics`, `health`, `model`, [`embedded`]) wire the rooms together
 //! and may use any of them; no room uses them. Unit tests (`rooms`, below) check the order on
 //! the sources, and that no modules use each other in a cycle, inside a room too.
 #![forbid(unsafe_code)]
@@ -56,6 +56,7 @@ pub(crate) mod diagnostics;
 pub mod embedded;
 pub(crate) mod health;
 pub mod interface;
+pub(crate) mod managed;
 pub(crate) mod model;
 pub mod node;
 pub mod process;

@@ -1,11 +1,13 @@
 //! Entity creation, the spin thread, the worker thread and orderly shutdown.
 //!
 //! Start-up order:
-//! 1. node, parameters, publishers, camera subscriptions and `/vlm/cancel` are created on the
-//!    caller's thread; one `ros-spin` thread then owns the `r2r::Node` (later node operations
-//!    run on it through [`NodeOps`]);
-//! 2. the `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
-//! 3. only then is `/ask` created, so a client that sees the service can be answered.
+//! 1. node, parameters, publishers, camera subscriptions, `/vlm/cancel` and the lifecycle
+//!    services are created on the caller's thread; one `ros-spin` thread then owns the
+//!    `r2r::Node` (later node operations run on it through [`NodeOps`]);
+//! 2. with `autostart`, the configure and activate transitions (`crate::managed`): the
+//!    `vlm-worker` thread opens the model and warms it up (diagnostics say `loading`);
+//! 3. only then is `/ask` created, so a client that sees the service can be answered (without
+//!    `autostart` at once: asks get `not_ready` until a manager configures and activates).
 //!
 //! Shutdown (SIGINT/SIGTERM) is a sequence of waits on events, never on time:
 //! 1. loading and warm-up are interrupted (they stop at the next load step, cache buffer or
@@ -15,22 +17,22 @@
 //! 3. the worker thread ends and has released the model (BPU handles);
 //! 4. `/ask` takes no more requests, and every request it took has had its response sent;
 //! 5. the spin thread drops the node (DDS entities finalised).
+//!
+//! A lifecycle shutdown transition runs the same sequence once its response and its events are
+//! out, and the process exits 0.
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use camera_frame::{CacheConfig, CameraCache};
 use futures::StreamExt;
 use r2r::diagnostic_msgs::msg::DiagnosticArray;
 use r2r::{Publisher, QosProfile};
-use vlm::interrupt::Interrupt;
 
 use crate::diagnostics::{self, Diagnostics};
-use crate::model;
+use crate::managed::{Engine, WorkerOutputs, WORKER_THREAD};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
@@ -41,6 +43,7 @@ use crate::request::context::AskContext;
 use crate::request::structured;
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
+use crate::ros::lifecycle::{self, Lifecycle, Protocol};
 use crate::ros::names::NODE_NAME;
 use crate::ros::param_server::{LiveParams, ParamServer};
 use crate::ros::params::Params;
@@ -49,14 +52,12 @@ use crate::ros::remap::{NodeNames, RemapRules};
 use crate::ros::rosout::RosoutTarget;
 use crate::ros::spin::{Drains, NodeOps, SpinError, SpinThread};
 use crate::ros::text::NulCount;
-use crate::serve::deliver::Outputs;
-use crate::serve::priming::PrimingConfig;
 use crate::serve::registry::Registry;
-use crate::serve::stats::{SharedStats, WorkerStats};
-use crate::serve::worker::{self, LoadFailure, Ready, WorkerConfig};
+use crate::serve::stats::{update, SharedStats, WorkerState, WorkerStats};
 
-/// Name of the thread that owns the model.
-const WORKER_THREAD: &str = "vlm-worker";
+/// lifecycle_msgs/msg/Transition ids the autostart takes.
+const CONFIGURE: u8 = 1;
+const ACTIVATE: u8 = 3;
 
 /// After a runtime failure, how long the orderly shutdown may take beyond one graph call
 /// (`bpu_timeout_s`) before the process exits regardless.
@@ -131,9 +132,12 @@ pub async fn run(
     let live = LiveParams::new(params.clone());
     // The request streams the spin thread empties after each spin (`ros::spin`).
     let mut drains = Drains::default();
-    let (mut tasks, clock, _param_events) = serve_parameters(&mut node, &mut drains, &live)?;
+    let lifecycle = Lifecycle::default();
+    let (mut tasks, clock, _param_events) =
+        serve_parameters(&mut node, &mut drains, &live, &lifecycle)?;
     let diagnostics_period = params.diagnostics_period()?;
-    let session_idle = params.session_idle()?;
+    // Checked here (a bad value stops the start); each configure reads it again.
+    params.session_idle()?;
     let action_result_timeout = params.action_result_timeout()?;
     tracing::info!(?params, "parameters");
     let publishers = create_publishers(&mut node, &params)?;
@@ -144,6 +148,10 @@ pub async fn run(
     )?);
     tasks.push(tokio::spawn(ask::serve_cancels(cancels, registry.clone())));
     let cameras = subscribe_cameras(&mut node, &params, &node_names, &mut tasks)?;
+    let managed = ros(
+        || "create the lifecycle services".to_owned(),
+        lifecycle::Entities::create(&mut node, &mut drains),
+    )?;
 
     let (spin, ops) = SpinThread::start_draining(node, drains)?;
     let stats: SharedStats = Arc::new(Mutex::new(WorkerStats::default()));
@@ -160,43 +168,39 @@ pub async fn run(
         ops: ops.clone(),
         queue_depth: params.queue_depth,
         params: live.clone(),
+        lifecycle: lifecycle.clone(),
     };
     tasks.push(tokio::spawn(diagnostics::run(
         diag.clone(),
         diagnostics_period,
     )));
-    let outputs = Outputs {
-        tokens: Box::new(publishers.tokens),
-        answers: Box::new(publishers.answers),
+    let ask_ctx = Arc::new(AskContext {
+        params: live.clone(),
+        cameras: cameras.clone(),
+        registry: registry.clone(),
+        jobs: Mutex::new(None),
+        schemas: Mutex::new(None),
+        lifecycle: lifecycle.clone(),
+        compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
         clock: clock.clone(),
         nuls: nuls.clone(),
-    };
-    let worker = start_worker(
-        &params,
-        &live,
-        cameras.clone(),
-        session_idle,
-        outputs,
-        stats,
-    )?;
-
-    tokio::pin!(shutdown);
-    let loaded = wait_loaded(worker.ready, &mut shutdown).await;
-    let ask_ctx = Arc::new(AskContext {
-        params: live,
-        cameras,
-        registry: registry.clone(),
-        jobs: Mutex::new(Some(worker.jobs)),
-        schemas: match &loaded {
-            Some(Ok(l)) => Some(l.schemas.clone()),
-            _ => None,
-        },
-        compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+    });
+    if !params.autostart {
+        update(&stats, |s| s.state = WorkerState::Unloaded);
+    }
+    let outputs = WorkerOutputs {
+        tokens: publishers.tokens,
+        answers: publishers.answers,
         clock,
         nuls,
-    });
+    };
+    let engine = Arc::new(Engine::new(live, cameras, stats, ask_ctx.clone(), outputs));
+    let protocol = Protocol::new(lifecycle, engine.clone(), &managed);
+    tasks.extend(protocol.serve(managed));
+
+    tokio::pin!(shutdown);
     let (services, result) = serve_until_stopped(
-        loaded,
+        &protocol,
         &params,
         &ops,
         &ask_ctx,
@@ -209,10 +213,7 @@ pub async fn run(
         last_word(&diag, params.bpu_timeout);
     }
     let stopped = Stopping {
-        interrupt: worker.interrupt,
-        ask_ctx,
-        registry,
-        worker_thread: worker.thread,
+        engine,
         services,
         spin,
         tasks,
@@ -254,7 +255,10 @@ fn read_params(node: &mut r2r::Node) -> Result<Params, NodeError> {
             .collect()
     };
     let params = Params::from_values(&given)?;
-    params.require_model()?;
+    // Without autostart the model is named before a configure, which checks it then.
+    if params.autostart {
+        params.require_model()?;
+    }
     Ok(params)
 }
 
@@ -266,13 +270,15 @@ fn serve_parameters(
     node: &mut r2r::Node,
     drains: &mut Drains,
     live: &LiveParams,
+    lifecycle: &Lifecycle,
 ) -> Result<(Vec<tokio::task::JoinHandle<()>>, RosClock, impl Sized), NodeError> {
     let sim_time = {
         let given = node.params.lock().unwrap_or_else(|e| e.into_inner());
         clock::use_sim_time(given.get("use_sim_time").map(|p| &p.value))?
     };
-    let server: Arc<Mutex<dyn r2r::RosParams + Send>> =
-        Arc::new(Mutex::new(ParamServer::new(live.clone(), sim_time)));
+    let server: Arc<Mutex<dyn r2r::RosParams + Send>> = Arc::new(Mutex::new(
+        ParamServer::new(live.clone(), sim_time).with_lifecycle(lifecycle.clone()),
+    ));
     let (param_services, events) = ros(
         || "create the parameter services".to_owned(),
         node.make_derived_parameter_handler(server),
@@ -374,78 +380,6 @@ fn subscribe_cameras(
     Ok(Some(cache))
 }
 
-/// The worker thread as the node holds it.
-struct WorkerHandle {
-    thread: JoinHandle<()>,
-    /// The queue the ask path sends jobs into.
-    jobs: mpsc::Sender<crate::serve::job::Job>,
-    /// How loading ended.
-    ready: tokio::sync::oneshot::Receiver<Ready>,
-    /// Raised at shutdown: loading and warm-up stop at their next step.
-    interrupt: Interrupt,
-}
-
-/// Starts the `vlm-worker` thread, which opens the model there and serves the queue.
-fn start_worker(
-    p: &Params,
-    live: &LiveParams,
-    cameras: Option<Arc<CameraCache>>,
-    session_idle: Duration,
-    outputs: Outputs,
-    stats: SharedStats,
-) -> Result<WorkerHandle, NodeError> {
-    let (job_tx, job_rx) = mpsc::channel();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let interrupt = Interrupt::new();
-    let config = WorkerConfig {
-        session_memory_bytes: p.session_memory_bytes,
-        session_idle,
-        warm_up_system: p.system_prompt.clone(),
-        interrupt: interrupt.clone(),
-        prefill: cameras
-            .filter(|_| p.prefill_latest_frame)
-            .map(|cameras| PrimingConfig {
-                cameras,
-                camera: p.prefill_camera.clone(),
-                duty: p.prefill_duty,
-                // Checked finite and >= 0; a value past Duration's range means no limit.
-                max_age: Duration::try_from_secs_f64(p.prefill_max_age_s).unwrap_or(Duration::MAX),
-                params: live.clone(),
-                ask_priority: p.bpu_priority,
-            }),
-    };
-    let p = p.clone();
-    let open_interrupt = interrupt.clone();
-    let thread = std::thread::Builder::new()
-        .name(WORKER_THREAD.to_owned())
-        .spawn(move || {
-            let open = || model::open(&p, &open_interrupt);
-            worker::run(open, config, job_rx, outputs, stats, ready_tx);
-        })
-        .map_err(|e| NodeError::Thread(WORKER_THREAD, e))?;
-    Ok(WorkerHandle {
-        thread,
-        jobs: job_tx,
-        ready: ready_rx,
-        interrupt,
-    })
-}
-
-/// How loading ended; `None` when a shutdown came first.
-async fn wait_loaded(
-    ready: tokio::sync::oneshot::Receiver<Ready>,
-    shutdown: &mut (impl Future<Output = ()> + Unpin),
-) -> Option<Ready> {
-    tokio::select! {
-        r = ready => Some(r.unwrap_or_else(|_| Err(LoadFailure {
-            message: "the worker thread stopped before the model was loaded".into(),
-            runtime: true,
-        }))),
-        () = shutdown => None,
-        reason = fatal::wait() => Some(Err(LoadFailure { message: reason, runtime: true })),
-    }
-}
-
 /// The request servers, once the model is loaded.
 #[derive(Default)]
 struct Services {
@@ -453,11 +387,13 @@ struct Services {
     action: Option<AskActionServer>,
 }
 
-/// Once the model is loaded: creates `/ask` and the action (only now, so a client that sees
-/// them can be answered) and serves until `shutdown` or a runtime failure. Otherwise says
-/// why the node stops. `Err`: the servers could not be created, and the node stops at once.
+/// With `autostart`, configures and activates (as a manager would; a failure stops the node
+/// as before there were lifecycle states); then creates `/ask` and the action (only once the
+/// model is loaded, so a client that sees them can be answered, or at once without
+/// `autostart`, so an ask is answered `not_ready`) and serves until `shutdown`, a runtime
+/// failure or the `finalized` state. `Err`: the servers could not be created.
 async fn serve_until_stopped(
-    loaded: Option<Ready>,
+    protocol: &Protocol<Engine>,
     params: &Params,
     ops: &NodeOps,
     ask_ctx: &Arc<AskContext>,
@@ -465,30 +401,51 @@ async fn serve_until_stopped(
     shutdown: &mut (impl Future<Output = ()> + Unpin),
 ) -> Result<(Services, Result<(), NodeError>), NodeError> {
     let mut services = Services::default();
-    let loaded = match loaded {
-        Some(Ok(l)) => l,
-        Some(Err(e)) if e.runtime => return Ok((services, Err(NodeError::Failed(e.message)))),
-        Some(Err(e)) => {
-            tracing::error!("the model could not be loaded: {}", e.message);
-            return Ok((services, Err(NodeError::Model(e.message))));
+    let engine = protocol.driver();
+    if params.autostart {
+        let configured = tokio::select! {
+            ok = protocol.change(CONFIGURE, "") => ok,
+            () = &mut *shutdown => {
+                tracing::info!("shutdown requested while loading");
+                return Ok((services, Ok(())));
+            }
+        };
+        if !configured {
+            let stop = match engine.take_failure() {
+                Some(f) if !f.runtime => NodeError::Model(f.message),
+                Some(f) => NodeError::Failed(f.message),
+                None => NodeError::Failed("the model could not be loaded".into()),
+            };
+            return Ok((services, Err(stop)));
         }
-        None => {
-            tracing::info!("shutdown requested while loading");
-            return Ok((services, Ok(())));
-        }
-    };
+        protocol.change(ACTIVATE, "").await;
+    }
     create_services(&mut services, params, ops, ask_ctx, action_result_timeout).await?;
-    tracing::info!(
-        tokens = %params.tokens_topic,
-        "vlm_node ready: model {} on {}, service {}, action {}",
-        loaded.info.name,
-        loaded.info.backend,
-        params.ask_service,
-        params.action_name
-    );
+    let model = engine
+        .stats
+        .lock()
+        .map(|s| s.model.clone())
+        .unwrap_or_default();
+    match model.filter(|_| params.autostart) {
+        Some(m) => tracing::info!(
+            tokens = %params.tokens_topic,
+            "vlm_node ready: model {} on {}, service {}, action {}",
+            m.name,
+            m.backend,
+            params.ask_service,
+            params.action_name
+        ),
+        None => tracing::info!(
+            "vlm_node unconfigured (autostart false): waiting for a lifecycle manager (~/change_state)"
+        ),
+    }
     let result = tokio::select! {
         () = shutdown => Ok(()),
         reason = fatal::wait() => Err(NodeError::Failed(reason)),
+        () = engine.wait_finalized() => {
+            tracing::info!("lifecycle state finalized: the node stops");
+            Ok(())
+        }
     };
     Ok((services, result))
 }
@@ -538,10 +495,7 @@ fn last_word(diag: &Diagnostics, bpu_timeout: Duration) {
 
 /// What the shutdown sequence (the module doc's) stops, in its order.
 struct Stopping {
-    interrupt: Interrupt,
-    ask_ctx: Arc<AskContext>,
-    registry: Arc<Registry>,
-    worker_thread: JoinHandle<()>,
+    engine: Arc<Engine>,
     services: Services,
     spin: SpinThread,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -552,20 +506,13 @@ impl Stopping {
         tracing::info!(
             "shutting down: cancelling live requests, releasing the model, finalising ROS"
         );
-        self.interrupt.raise();
-        // Closing the queue first: nothing is admitted after the cancel below. The worker
-        // loop ends once the (cancelled) jobs are answered.
-        self.ask_ctx.close();
-        let live = self.registry.cancel_all();
-        if live > 0 {
-            tracing::info!(live, "cancelled live requests");
-        }
-        // Joined on a blocking thread: the worker may still be finishing a graph call.
-        let worker_thread = self.worker_thread;
-        let joined = tokio::task::spawn_blocking(move || worker_thread.join())
+        // Loading stops, the queue closes (nothing is admitted after the cancel), every live
+        // request is cancelled and the worker ends once the (cancelled) jobs are answered.
+        let joined = self
+            .engine
+            .release()
             .await
-            .map_err(|_| NodeError::Panicked(WORKER_THREAD))
-            .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
+            .map_err(|()| NodeError::Panicked(WORKER_THREAD));
         // Every job is answered or dropped now, so each /ask task can send its response.
         if let Some(server) = self.services.ask {
             server.finish().await;

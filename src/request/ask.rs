@@ -51,6 +51,10 @@ pub(crate) async fn handle_with(
         if let Some(why) = client_id_error(&id).filter(|_| given) {
             return Err(Failure::new(ErrorCode::InvalidRequest, why));
         }
+        // Only an active node takes asks (docs/lifecycle.md).
+        if let Some(why) = ctx.not_serving() {
+            return Err(Failure::new(ErrorCode::NotReady, why));
+        }
         match cancel {
             Some(flag) => ctx.registry.admit_with(&id, flag),
             None => ctx.registry.admit(&id),

@@ -10,6 +10,7 @@ use vlm::structured::JsonSchemas;
 
 use crate::request::structured;
 use crate::ros::clock::RosClock;
+use crate::ros::lifecycle::{Lifecycle, StateId};
 use crate::ros::param_server::LiveParams;
 use crate::ros::params::Params;
 use crate::ros::text::NulCount;
@@ -26,8 +27,10 @@ pub struct AskContext {
     /// The worker's queue; `None` once the node is shutting down.
     pub(crate) jobs: std::sync::Mutex<Option<Sender<Job>>>,
     /// The served model's JSON-schema compiler: a request's `json_schema` is compiled (or
-    /// refused) here, before queueing.
-    pub(crate) schemas: Option<Arc<JsonSchemas>>,
+    /// refused) here, before queueing. Replaced at each configure (the package may change).
+    pub(crate) schemas: std::sync::Mutex<Option<Arc<JsonSchemas>>>,
+    /// The node's lifecycle state: only an active node takes asks.
+    pub(crate) lifecycle: Lifecycle,
     /// Permits to compile a schema ([`structured::COMPILES_AT_ONCE`]).
     pub(crate) compiles: tokio::sync::Semaphore,
     /// Stamps what the ask path publishes itself (an action goal's acceptance).
@@ -51,10 +54,39 @@ impl AskContext {
             cameras,
             registry,
             jobs: std::sync::Mutex::new(None),
-            schemas,
+            schemas: std::sync::Mutex::new(schemas),
+            lifecycle: Lifecycle::active(),
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: RosClock::default(),
             nuls: NulCount::default(),
+        }
+    }
+
+    /// The schema compiler of the model served now (`None` before a model is loaded).
+    pub(crate) fn schemas(&self) -> Option<Arc<JsonSchemas>> {
+        self.schemas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The model's queue and schema compiler once it is loaded (a configure).
+    pub(crate) fn open(&self, jobs: Sender<Job>, schemas: Arc<JsonSchemas>) {
+        *self.schemas.lock().unwrap_or_else(|e| e.into_inner()) = Some(schemas);
+        *self.jobs.lock().unwrap_or_else(|e| e.into_inner()) = Some(jobs);
+    }
+
+    /// Why an ask is refused `not_ready` in the node's lifecycle state; `None` when active.
+    pub(crate) fn not_serving(&self) -> Option<String> {
+        match self.lifecycle.state() {
+            StateId::ACTIVE => None,
+            StateId::INACTIVE | StateId::ACTIVATING | StateId::DEACTIVATING => {
+                Some("node is inactive".into())
+            }
+            StateId::UNCONFIGURED | StateId::CONFIGURING | StateId::CLEANING_UP => {
+                Some("node is unconfigured".into())
+            }
+            other => Some(format!("node is {}", other.label())),
         }
     }
 

@@ -272,7 +272,7 @@ pub async fn plan_async(
     ctx: &AskContext,
     now: Instant,
 ) -> Result<JobPlan, Failure> {
-    let compiles = ctx.schemas.is_some() && !req.json_schema.is_empty();
+    let compiles = ctx.schemas().is_some() && !req.json_schema.is_empty();
     let probe = || {
         if compiles {
             ctx.registry
@@ -318,12 +318,12 @@ async fn compile_schema(
     checked: &mut Checked,
     ctx: &AskContext,
 ) -> Result<Option<Arc<JsonSchema>>, Failure> {
-    let Some(schemas) = ctx
-        .schemas
+    let served = ctx.schemas();
+    let Some(schemas) = served
         .as_ref()
         .filter(|_| !checked.req.json_schema.is_empty())
     else {
-        return structured::compile(&checked.req.json_schema, ctx.schemas.as_deref());
+        return structured::compile(&checked.req.json_schema, served.as_deref());
     };
     // The semaphore is never closed; a closed one would only mean no limit.
     let _permit = ctx.compiles.acquire().await;
@@ -457,7 +457,8 @@ mod tests {
             cameras: None,
             registry: Arc::new(Registry::new(depth)),
             jobs: std::sync::Mutex::new(None),
-            schemas: Some(Arc::new(JsonSchemas::new(tokenizer, 640))),
+            schemas: std::sync::Mutex::new(Some(Arc::new(JsonSchemas::new(tokenizer, 640)))),
+            lifecycle: crate::ros::lifecycle::Lifecycle::active(),
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: Default::default(),
             nuls: Default::default(),

@@ -13,6 +13,7 @@ use r2r::indexmap::IndexMap;
 use r2r::{Parameter, ParameterValue, RosParams};
 
 use crate::process::panics::{contained, Panic};
+use crate::ros::lifecycle::{Lifecycle, StateId};
 use crate::ros::params::{spec, Apply, Kind, ParamError, Params, Spec, SPECS};
 
 /// The current parameters, shared by the parameter services (which replace them) and the
@@ -79,6 +80,10 @@ pub fn description(spec: &Spec) -> String {
         Apply::Restart => {
             "Read at start only: a run-time set is refused; restart the node to change it."
         }
+        Apply::Configure => {
+            "Read at start only, and at each configure: a run-time set is refused unless the \
+             node is unconfigured (docs/lifecycle.md); then it applies at the next configure."
+        }
     };
     format!("{}{values} {applies}", spec.description)
 }
@@ -97,6 +102,8 @@ pub struct ParamServer {
     live: LiveParams,
     /// `use_sim_time` as the node started with it (the clock is chosen once, at start).
     use_sim_time: bool,
+    /// The node's lifecycle state: an unconfigured node takes [`Apply::Configure`] sets.
+    lifecycle: Lifecycle,
 }
 
 /// ROS's own parameter, read at start by the node's clock (`crate::clock`).
@@ -104,7 +111,17 @@ const USE_SIM_TIME: &str = "use_sim_time";
 
 impl ParamServer {
     pub fn new(live: LiveParams, use_sim_time: bool) -> Self {
-        Self { live, use_sim_time }
+        Self {
+            live,
+            use_sim_time,
+            lifecycle: Lifecycle::active(),
+        }
+    }
+
+    /// The server of a managed node in `lifecycle`'s state.
+    pub fn with_lifecycle(mut self, lifecycle: Lifecycle) -> Self {
+        self.lifecycle = lifecycle;
+        self
     }
 
     /// The parameters after setting `name` to `value`, checked as a params file would be;
@@ -137,7 +154,8 @@ impl ParamServer {
             return Ok(None);
         }
         match spec.apply {
-            Apply::Restart => Err(Refusal::RestartOnly(spec.name)),
+            Apply::Configure if self.lifecycle.state() == StateId::UNCONFIGURED => Ok(Some(next)),
+            Apply::Restart | Apply::Configure => Err(Refusal::RestartOnly(spec.name)),
             Apply::NextAsk => Ok(Some(next)),
         }
     }
@@ -257,6 +275,30 @@ mod tests {
     }
 
     #[test]
+    fn model_settings_are_set_only_while_unconfigured() {
+        let lifecycle = Lifecycle::default();
+        let s = server().with_lifecycle(lifecycle.clone());
+        let dir = ParameterValue::String("/m".into());
+        s.set("model_dir", &dir).unwrap();
+        assert_eq!(s.live.snapshot().model_dir, Some("/m".into()));
+        // Configured (or serving): refused as before there were lifecycle states.
+        lifecycle.force(StateId::INACTIVE);
+        let e = s.set("model_dir", &ParameterValue::String("/n".into()));
+        assert!(matches!(e, Err(Refusal::RestartOnly("model_dir"))), "{e:?}");
+        let e = s.set("queue_depth", &ParameterValue::Integer(8));
+        assert!(
+            matches!(e, Err(Refusal::RestartOnly("queue_depth"))),
+            "{e:?}"
+        );
+        lifecycle.force(StateId::UNCONFIGURED);
+        let e = s.set("queue_depth", &ParameterValue::Integer(8));
+        assert!(
+            matches!(e, Err(Refusal::RestartOnly("queue_depth"))),
+            "{e:?}"
+        );
+    }
+
+    #[test]
     fn restart_only_wrong_type_and_out_of_range_are_refused_with_the_reason() {
         let s = server();
         let e = s
@@ -367,6 +409,7 @@ mod tests {
             let tail = match spec.apply {
                 Apply::NextAsk => "applies to the next ask.",
                 Apply::Restart => "restart the node to change it.",
+                Apply::Configure => "applies at the next configure.",
             };
             assert!(text.ends_with(tail), "{}: {text}", spec.name);
         }
@@ -409,6 +452,7 @@ mod tests {
             let want = match spec.apply {
                 Apply::NextAsk => "| next ask |",
                 Apply::Restart => "| restart |",
+                Apply::Configure => "| restart or configure |",
             };
             assert!(
                 row.ends_with(want),

@@ -39,6 +39,9 @@ pub enum Apply {
     Restart,
     /// Read per ask: `ros2 param set` applies to the next ask.
     NextAsk,
+    /// Read at start and at each lifecycle configure (the model and the worker): `ros2 param
+    /// set` is accepted while the node is unconfigured and applies at the next configure.
+    Configure,
 }
 
 /// The spec of `name`, if it is a parameter of `vlm_node`.
@@ -138,14 +141,14 @@ const REPETITION_PENALTY: Span = Span {
 };
 
 declare! {
-    model_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
+    model_dir: Option<PathBuf> = s(""), Kind::Text, Configure,
         "Package folder (`model.json`), e.g. `/opt/models/qwen35-4b/s100p/ctx4k`, or, with \
         `backend: cpu`, an HF checkpoint folder. Required: empty is a configuration error unless \
         `demo_model` is true.";
-    demo_model: bool = b(false), Kind::Bool, Restart,
+    demo_model: bool = b(false), Kind::Bool, Configure,
         "With `model_dir` empty, serve the embedded tiny random model on the simulator (random \
         answers: a demo of the path, not a model).";
-    backend: BackendChoice = s("auto"), Kind::Choice(&["auto", "cpu"]), Restart,
+    backend: BackendChoice = s("auto"), Kind::Choice(&["auto", "cpu"]), Configure,
         "`auto` follows the package (simulator containers → simulator, real `.hbm` → board \
         libraries); `cpu` runs an HF checkpoint with crates/qwen35.";
     vision: bool = b(true), Kind::Bool, Restart,
@@ -224,40 +227,40 @@ declare! {
     max_json_schema_bytes: usize = i(16384), Kind::Int { min: 0, max: 1 << 20 }, NextAsk,
         "Longest `json_schema` of an ask in bytes (0 refuses every schema); longer is \
         `invalid_request`. A schema is compiled before queueing: its cost grows with its size.";
-    bpu_priority: u8 = i(0), Kind::Int { min: 0, max: 255 }, Restart,
+    bpu_priority: u8 = i(0), Kind::Int { min: 0, max: 255 }, Configure,
         "BPU task priority.";
     /// `bpu_timeout_s`, checked by `vlm_bpu::timeout_from_secs`.
-    bpu_timeout as "bpu_timeout_s": Duration = d(30.0), Kind::BpuSeconds, Restart,
+    bpu_timeout as "bpu_timeout_s": Duration = d(30.0), Kind::BpuSeconds, Configure,
         "Longest wait for one BPU graph call, in seconds (the 4B's longest is ~0.74 s). A call \
         that takes longer fails its request with `backend_error`, leaves the BPU runtime unusable, \
         and the node exits for a restart (exit code 70).";
     prefill_tail: vlm_bpu::PrefillTail = s("auto"),
-        Kind::Choice(&["auto", "stepped", "pads_first", "pads_last"]), Restart,
+        Kind::Choice(&["auto", "stepped", "pads_first", "pads_last"]), Configure,
         "How a prompt tail runs on the BPU: `auto` (padded when the package sets `prefill_pads` \
         and a calibration at start-up finds the pad layout and marking, cached per package; else \
         stepped), `stepped`, `pads_first`, `pads_last`.";
     bpu_pool_check: vlm_bpu::PoolCheck = s("warn"),
-        Kind::Choice(&["strict", "warn", "off"]), Restart,
+        Kind::Choice(&["strict", "warn", "off"]), Configure,
         "ION pool preflight before loading: `strict` (refuse when the pool is too small or cannot \
         be identified), `warn` (never refuse: warn and load when it looks too small, naming \
         hb_switch_ion.sh, or cannot be identified), `off`.";
-    bpu_flush: vlm_bpu::FlushOption = s("auto"), Kind::Choice(&["auto", "range", "whole"]), Restart,
+    bpu_flush: vlm_bpu::FlushOption = s("auto"), Kind::Choice(&["auto", "range", "whole"]), Configure,
         "Cache flushes of part of a BPU buffer: `auto` (probed at start; whole buffers when the \
         runtime refuses a range), `range` (refuse to start on such a runtime), `whole` (always \
         whole buffers).";
-    prefill_latest_frame: bool = b(true), Kind::Bool, Restart,
+    prefill_latest_frame: bool = b(true), Kind::Bool, Configure,
         "While no ask is queued, run the newest frame of `prefill_camera` through the vision tower \
         and prefill it after the system prompt, so an ask about it prefills only its question. \
         Costs up to `prefill_duty` of the BPU on an idle robot.";
     /// `None`: the default camera.
     prefill_camera: Option<String> = s(""), Kind::Text, Restart,
         "Camera whose frames are primed; empty = the default camera.";
-    prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Restart,
+    prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Configure,
         "Most share of wall time primings keep the BPU busy.";
-    prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Restart,
+    prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Configure,
         "An ask without `max_image_age_s` is served from a primed frame at most this old, in \
         seconds (else from the newest frame).";
-    prefill_keep_on_device: bool = b(true), Kind::Bool, Restart,
+    prefill_keep_on_device: bool = b(true), Kind::Bool, Configure,
         "Keep the completed priming in a third decode cache set on the BPU, so an ask about its \
         frame starts from it without copying the state back, whatever ran since; costs one more \
         cache set of device memory (325 MB on the 4B ctx4k package, 90 MB on ctx512), and when \
@@ -283,14 +286,20 @@ declare! {
         "Least severity of the node's log messages that go to `/rosout` (`rqt_console`), under \
         the node's logger; rcutils' own level (`--log-level`) may hold back more.";
     session_memory_bytes as "session_memory_mb": usize = i(1024),
-        Kind::Mebibytes { min: 0, max: 1 << 20 }, Restart,
+        Kind::Mebibytes { min: 0, max: 1 << 20 }, Configure,
         "Memory for parked conversations (state snapshots); the least recently used go first. A \
         quarter of it holds the cached system prompts.";
-    session_idle_s: f64 = d(600.0), Kind::Seconds(ABOVE_0), Restart,
+    session_idle_s: f64 = d(600.0), Kind::Seconds(ABOVE_0), Configure,
         "A conversation unused this long (seconds) is dropped.";
-    cache_dir: Option<PathBuf> = s(""), Kind::Text, Restart,
+    cache_dir: Option<PathBuf> = s(""), Kind::Text, Configure,
         "Where the embedded model's sim package is written; empty = `$XDG_CACHE_HOME/bpu_vlm` or \
         `~/.cache/bpu_vlm`.";
+    autostart: bool = b(true), Kind::Bool, Restart,
+        "Configure and activate at start (load the model, serve). `false`: start unconfigured and \
+        wait for a lifecycle manager (`~/change_state`; docs/lifecycle.md).";
+    deactivate_timeout_s: f64 = d(5.0), Kind::Seconds(AT_LEAST_0), Restart,
+        "How long a deactivate lets the running request finish before cancelling it, in \
+        seconds (queued requests are answered `cancelled` at once).";
 }
 
 /// A parameter that cannot be used.
@@ -451,6 +460,14 @@ impl Params {
     /// `action_result_timeout_s` as a `Duration`.
     pub fn action_result_timeout(&self) -> Result<Duration, ParamError> {
         period("action_result_timeout_s", self.action_result_timeout_s)
+    }
+
+    /// `deactivate_timeout_s` as a `Duration` (0 cancels the running request at once).
+    pub fn deactivate_timeout(&self) -> Duration {
+        time_limit(self.deactivate_timeout_s)
+            .ok()
+            .flatten()
+            .unwrap_or(Duration::ZERO)
     }
 
     /// `session_idle_s` as a `Duration`.

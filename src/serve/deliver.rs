@@ -56,6 +56,7 @@ pub(crate) fn serve(
         respond,
         feedback,
     } = job;
+    admission.running();
     let origin = plan.images.origin();
     let session_tag = Sessions::tag(plan.session_id.as_deref());
     let mut sink = TokenSink::new(

@@ -52,6 +52,8 @@ pub struct PrimingConfig {
     pub params: LiveParams,
     /// Priority of the asks' BPU tasks; primings submit one below.
     pub ask_priority: u8,
+    /// Whether the node serves (lifecycle `active`): an inactive node submits no BPU task.
+    pub serving: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Counters for diagnostics.
@@ -162,7 +164,7 @@ impl Primer {
 
     /// The frame to prime now, if one is due: a frame not tried yet, the duty rest over.
     fn due(&self, now: Instant) -> Option<CachedFrame> {
-        if self.off || now < self.rest_until {
+        if self.off || !self.serving() || now < self.rest_until {
             return None;
         }
         let f = self.cfg.cameras.latest(&self.topic()?)?;
@@ -195,6 +197,10 @@ impl Primer {
         self.tried = None;
     }
 
+    fn serving(&self) -> bool {
+        self.cfg.serving.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// How long an idle worker may wait for a job before looking again.
     pub fn wait(&self, now: Instant, idle: Duration) -> Duration {
         if self.due(now).is_some() {
@@ -219,6 +225,9 @@ impl Primer {
         pending: &mut Option<Job>,
         shutdown: &vlm::interrupt::Interrupt,
     ) -> PrimingEnd {
+        if !self.serving() {
+            return PrimingEnd::Fine;
+        }
         self.follow_system();
         let now = Instant::now();
         // A stopped priming of a still recent frame goes on (its work is done up to there);
@@ -483,6 +492,7 @@ mod tests {
             max_age: Duration::from_secs(10),
             params,
             ask_priority: 0,
+            serving: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         };
         Primer::new(cfg, now)
     }

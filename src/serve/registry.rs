@@ -51,10 +51,21 @@ impl Admission {
 
     /// Frees the place now (the same as dropping it, said where it matters).
     pub(crate) fn release(self) {}
+
+    /// The worker took this request up: a deactivate lets it finish
+    /// ([`Registry::cancel_waiting`]).
+    pub(crate) fn running(&self) {
+        *self.registry.running() = Some(Arc::clone(&self.flag));
+    }
 }
 
 impl Drop for Admission {
     fn drop(&mut self) {
+        let mut running = self.registry.running();
+        if running.as_ref().is_some_and(|f| Arc::ptr_eq(f, &self.flag)) {
+            *running = None;
+        }
+        drop(running);
         self.registry.release(&self.id, &self.flag);
     }
 }
@@ -63,6 +74,8 @@ impl Drop for Admission {
 pub(crate) struct Registry {
     depth: usize,
     live: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// The cancel flag of the request the worker is serving.
+    running: Mutex<Option<Arc<AtomicBool>>>,
 }
 
 impl Registry {
@@ -70,6 +83,7 @@ impl Registry {
         Self {
             depth,
             live: Mutex::new(HashMap::new()),
+            running: Mutex::new(None),
         }
     }
 
@@ -131,6 +145,21 @@ impl Registry {
         live.len()
     }
 
+    /// Cancels every live request but the running one (a deactivate: queued requests are
+    /// answered `cancelled`, the running one may finish).
+    pub(crate) fn cancel_waiting(&self) -> usize {
+        let running = self.running().clone();
+        let live = self.lock();
+        let waiting = live
+            .values()
+            .filter(|f| !running.as_ref().is_some_and(|r| Arc::ptr_eq(r, f)));
+        waiting.map(|f| f.store(true, Ordering::Release)).count()
+    }
+
+    fn running(&self) -> MutexGuard<'_, Option<Arc<AtomicBool>>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Frees `id` if the entry is still the admission holding `flag`.
     fn release(&self, id: &str, flag: &Arc<AtomicBool>) {
         let mut live = self.lock();
@@ -152,7 +181,6 @@ impl Registry {
         Ok(())
     }
 
-    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.lock().is_empty()
     }
@@ -161,6 +189,21 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deactivate_cancels_the_waiting_requests_not_the_running_one() {
+        let r = Arc::new(Registry::new(4));
+        let (running, queued) = (r.admit("a").unwrap(), r.admit("b").unwrap());
+        running.running();
+        assert_eq!(r.cancel_waiting(), 1);
+        let flag = |a: &Admission| a.cancel_flag().load(Ordering::Acquire);
+        assert!(!flag(&running) && flag(&queued));
+        drop(running);
+        // Nothing runs now: every live request is waiting.
+        let next = r.admit("c").unwrap();
+        assert_eq!(r.cancel_waiting(), 2);
+        assert!(flag(&next));
+    }
 
     #[test]
     fn depth_ids_and_cancel() {

@@ -16,6 +16,8 @@ pub(crate) enum WorkerState {
     Recovering,
     /// The engine cannot serve (never loaded, lost, or not reopened); the reason.
     Failed(String),
+    /// No model: the node is unconfigured (or cleaned up) and waits for a configure.
+    Unloaded,
 }
 
 impl WorkerState {
@@ -26,6 +28,7 @@ impl WorkerState {
             Self::Busy => "busy",
             Self::Recovering => "recovering",
             Self::Failed(_) => "error",
+            Self::Unloaded => "unloaded",
         }
     }
 }
@@ -52,8 +55,8 @@ pub(crate) struct WorkerStats {
     /// Images sent through the vision tower since the model was opened
     /// ([`vlm::assistant::Assistant::images_encoded`]); a frame a session already holds is not sent again.
     pub images_encoded: u64,
-    /// Simulator live buffers/tasks (`None` on the board or the CPU).
-    pub sim_live: Option<(usize, usize)>,
+    /// Simulator live buffers, tasks and pool bytes (`None` on the board or the CPU).
+    pub sim_live: Option<vlm_bpu::sim::LiveHandles>,
     /// Frame priming counters (`None` when it is off).
     pub prefill: Option<PrimingStats>,
 }

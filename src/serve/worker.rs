@@ -175,11 +175,8 @@ fn start(
 }
 
 /// Simulator live buffers and tasks (`None` off the simulator).
-fn sim_live(on_sim: bool) -> Option<(usize, usize)> {
-    on_sim.then(|| {
-        let live = vlm_bpu::sim::live_handles();
-        (live.buffers, live.tasks)
-    })
+fn sim_live(on_sim: bool) -> Option<vlm_bpu::sim::LiveHandles> {
+    on_sim.then(vlm_bpu::sim::live_handles)
 }
 
 /// What the worker loop keeps between jobs, beside the model it hands from step to step.
@@ -213,6 +210,8 @@ impl<O: FnMut() -> Result<Assistant, OpenError>> Worker<'_, O> {
         }
         tracing::info!("worker thread: queue closed, releasing the model");
         drop(assistant);
+        // What the simulator still holds once the model is gone (a cleanup's proof).
+        update(self.stats, |s| s.sim_live = sim_live(self.on_sim));
     }
 
     /// The next job: the one a priming parked, else the queue's, waiting no longer than the

@@ -17,7 +17,7 @@ import sys
 ARGUMENTS = {
     'params_file': None, 'model_dir': '', 'image_topic': '', 'name': 'vlm_node',
     'namespace': '', 'remappings': '', 'use_sim_time': '', 'log_level': '', 'demo_model': '',
-    'respawn': 'true', 'respawn_delay': '5.0', 'sigterm_timeout': '30',
+    'respawn': 'true', 'respawn_delay': '5.0', 'sigterm_timeout': '30', 'autostart': '',
 }
 LAUNCH_MODULES = ('launch', 'launch_ros', 'ament_index_python')
 

@@ -64,14 +64,14 @@ class NodeKwargs(unittest.TestCase):
         self.assertEqual(sorted(names), sorted([
             'params_file', 'model_dir', 'image_topic', 'name', 'namespace', 'remappings',
             'use_sim_time', 'log_level', 'respawn', 'respawn_delay', 'demo_model',
-            'sigterm_timeout']))
+            'sigterm_timeout', 'autostart']))
         self.assertEqual(self.defaults['respawn'], 'true')
         self.assertGreaterEqual(float(self.defaults['respawn_delay']), 5.0)
         # A board's model load (~15 s) cannot be interrupted: SIGTERM must not come first.
         self.assertGreaterEqual(float(self.defaults['sigterm_timeout']), 20.0)
         self.assertEqual(self.defaults['name'], 'vlm_node')
         for name in ('model_dir', 'image_topic', 'namespace', 'remappings', 'use_sim_time',
-                     'log_level', 'demo_model'):
+                     'log_level', 'demo_model', 'autostart'):
             self.assertEqual(self.defaults[name], '', f'{name} must default to "not given"')
 
     def test_no_arguments_the_params_file_alone_decides(self):
@@ -124,6 +124,7 @@ class NodeKwargs(unittest.TestCase):
             'image_topic': ('/image', {'image_topics': ['/image']}),
             'use_sim_time': ('true', {'use_sim_time': True}),
             'demo_model': ('True', {'demo_model': True}),
+            'autostart': ('false', {'autostart': False}),
         }
         for arg, (value, want) in cases.items():
             with self.subTest(arg=arg):

@@ -36,6 +36,7 @@ impl Drop for DeviceBuffer {
             );
             return;
         }
+        crate::memory::give_back(self.size as u64);
         // SAFETY: `mem` came from hbUCPMallocCached and is freed exactly once; no task uses it
         // (a task either ends inside `Graph::run`, which borrows the buffer, or timed out and
         // wedged the runtime, which skips this free).
@@ -58,6 +59,8 @@ impl DeviceBuffer {
         // SAFETY: valid out-pointer; device id 0 as documented.
         let code = unsafe { ffi!(rt, hbUCPMallocCached)(&mut mem, size as u64, 0) };
         rt.check("hbUCPMallocCached", code)?;
+        // Counted from here: dropping `buf` (also on the errors below) frees and uncounts it.
+        crate::memory::take(size as u64);
         let mut buf = Self {
             rt,
             mem,

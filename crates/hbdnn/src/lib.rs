@@ -19,7 +19,8 @@
 //! - `buffer` — [`DeviceBuffer`]: host view, clean/invalidate, row and tensor copies;
 //! - `flush` — [`FlushMode`]: whether range flushes reach the library as ranges or as whole
 //!   allocations, and the probe that finds out;
-//! - `error` — [`Error`], [`Status`], [`Side`].
+//! - `error` — [`Error`], [`Status`], [`Side`];
+//! - `memory` — [`device_bytes_held`]: the device memory the process holds.
 //!
 //! Must not depend on: `bpu-sim`, `vlm`, `qwen35` (the simulator is reached only through the
 //! function table; `bpu-sim` and `qwen35` are dev-dependencies of the tests only). Normal
@@ -36,6 +37,7 @@ mod buffer;
 mod error;
 mod flush;
 mod graph;
+mod memory;
 mod model;
 mod runtime;
 mod tensor;
@@ -45,6 +47,7 @@ pub use error::{Error, Side, Status};
 pub use flush::{FlushMode, FlushProbe};
 pub use graph::{Graph, Sched};
 pub use hbdnn_sys::{FnTable, MappedLibrary, TableSource, LIBDNN, LIBHBUCP};
+pub use memory::device_bytes_held;
 pub use model::PackedModel;
 pub use runtime::{Runtime, Versions};
 pub use tensor::{align_up, resolve_strides, DType, TensorSpec, STRIDE_ALIGN};

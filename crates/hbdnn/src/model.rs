@@ -17,6 +17,8 @@ pub(crate) struct PackedInner {
     pub(crate) handle: sys::hbDNNPackedHandle_t,
     files: Vec<PathBuf>,
     names: Vec<String>,
+    /// The files' size, counted as held ([`crate::memory`]).
+    bytes: u64,
 }
 
 impl PackedInner {
@@ -52,6 +54,7 @@ impl Drop for PackedInner {
             tracing::debug!(files = ?self.files, "packed model left loaded (runtime wedged)");
             return;
         }
+        crate::memory::give_back(self.bytes);
         // SAFETY: the handle came from hbDNNInitializeFromFiles and is released once, after
         // every graph and buffer that referenced it (they hold this Rc).
         let code = unsafe { ffi!(rt, hbDNNRelease)(self.handle) };
@@ -84,11 +87,19 @@ impl PackedModel {
         handle: sys::hbDNNPackedHandle_t,
         files: Vec<PathBuf>,
     ) -> Result<Self> {
+        let bytes = files
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum();
+        // Counted from here: dropping `inner` (also when listing fails) releases and uncounts.
+        crate::memory::take(bytes);
         let mut inner = PackedInner {
             rt,
             handle,
             files,
             names: Vec::new(),
+            bytes,
         };
         inner.names = inner.list_names()?;
         tracing::info!(files = ?inner.files, graphs = ?inner.names, "packed model loaded");

@@ -67,6 +67,8 @@ use contract::DecodeShape;
 pub use embed::EmbedTable;
 pub use error::BpuError;
 pub use flush::{FlushDecision, FlushOption};
+/// Device memory the process holds (buffers and loaded `.hbm` files), for diagnostics.
+pub use hbdnn::device_bytes_held;
 pub use lock::EngineLock;
 use logits::LogitsAt;
 pub use pool::PoolCheck;

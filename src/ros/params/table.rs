@@ -52,6 +52,7 @@ pub fn table() -> String {
         let applies = match spec.apply {
             Apply::Restart => "restart",
             Apply::NextAsk => "next ask",
+            Apply::Configure => "restart or configure",
         };
         // Writing to a String cannot fail.
         let _ = writeln!(
