@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{FrameError, FrameErrorKind};
 use crate::frame::Frame;
+use crate::scene::SceneSignature;
 
 /// A message header stamp (`builtin_interfaces/Time`), kept as the camera sent it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,12 +50,28 @@ pub struct CachedFrame {
     pub arrival: Instant,
     /// 1 for the first frame accepted on the topic, then counting up.
     pub seq: u64,
+    /// The frame's scene signature, computed once on arrival; `None` for a jpeg/png body
+    /// not decoded yet.
+    pub scene: Option<Arc<SceneSignature>>,
 }
 
 impl CachedFrame {
     /// Time since arrival.
     pub fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.arrival)
+    }
+
+    /// Whether `newer` shows the same scene as this frame under `threshold` (a
+    /// [`SceneSignature::change`] score): the same frame always does; a frame without a
+    /// signature, of another camera or of another size never does.
+    pub fn same_scene(&self, newer: &CachedFrame, threshold: f64) -> bool {
+        if self.topic == newer.topic && self.seq == newer.seq {
+            return true;
+        }
+        match (&self.scene, &newer.scene) {
+            (Some(a), Some(b)) if self.topic == newer.topic => a.same_scene(b, threshold),
+            _ => false,
+        }
     }
 }
 
@@ -306,6 +323,12 @@ impl CameraCache {
         now: Instant,
     ) -> Result<Option<RejectWarning>, UnknownTopic> {
         let header = header.into();
+        // Outside the lock: the signature reads the frame (tens of µs at 640×480).
+        let scene = outcome
+            .as_ref()
+            .ok()
+            .and_then(SceneSignature::of_frame)
+            .map(Arc::new);
         let (key, slot) = self
             .slots
             .get_key_value(topic)
@@ -332,6 +355,7 @@ impl CameraCache {
                     frame_id: header.frame_id,
                     arrival: now,
                     seq: slot.stats.accepted,
+                    scene,
                 });
                 Ok(None)
             }
@@ -811,6 +835,36 @@ mod tests {
             st.newest_frame_age(last + S(1)),
             Some(S(1)),
             "from the newest valid frame"
+        );
+    }
+
+    #[test]
+    fn accepted_frames_carry_their_scene_signature() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        c.record("/image_raw", Ok(frame(10)), Stamp::default(), t0)
+            .unwrap();
+        let first = c.latest("/image_raw").unwrap();
+        assert!(first.scene.is_some(), "computed on arrival");
+        c.record("/image_raw", Ok(frame(11)), Stamp::default(), t0 + S(1))
+            .unwrap();
+        let flicker = c.latest("/image_raw").unwrap();
+        // A uniform step is a brightness change, not a new scene.
+        assert!(first.same_scene(&flicker, 0.025));
+        assert!(first.same_scene(&first, 0.0), "a frame is its own scene");
+        let other = CachedFrame {
+            topic: Arc::from("/image_raw/compressed"),
+            ..flicker.clone()
+        };
+        assert!(!first.same_scene(&other, 1.0), "another camera never is");
+        let unsigned = CachedFrame {
+            scene: None,
+            seq: 99,
+            ..flicker
+        };
+        assert!(
+            !first.same_scene(&unsigned, 1.0),
+            "nor a frame without a signature"
         );
     }
 }
