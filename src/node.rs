@@ -346,7 +346,8 @@ fn subscribe_cameras(
         },
         Instant::now(),
     )?
-    .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?;
+    .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?
+    .with_scene_threshold(params.scene_change_threshold);
     let cache = Arc::new(cache);
     let qos = cameras::camera_qos(params.camera_qos);
     for t in &params.image_topics {
@@ -412,6 +413,9 @@ fn start_worker(
                 max_age: Duration::try_from_secs_f64(p.prefill_max_age_s).unwrap_or(Duration::MAX),
                 params: live.clone(),
                 ask_priority: p.bpu_priority,
+                scene_check: p.scene_check,
+                // Checked finite and >= 0.
+                settle: Duration::try_from_secs_f64(p.scene_settle_s).unwrap_or(Duration::MAX),
             }),
     };
     let p = p.clone();

@@ -174,6 +174,12 @@ pub struct TopicStats {
     /// Smoothed time between valid frames (exponential average, weight 1/8 for the newest
     /// interval); `None` before the second valid frame.
     pub frame_interval: Option<Duration>,
+    /// Scene changes seen: valid frames whose scene differs from the one the topic's scene
+    /// began with (the first frame counts as none).
+    pub scene_changes: u64,
+    /// Arrival of the first frame of the current scene (`None` before a frame with a
+    /// signature): the scene has held since then.
+    pub scene_since: Option<Instant>,
 }
 
 impl TopicStats {
@@ -207,6 +213,8 @@ struct Slot {
     stats: TopicStats,
     last_warning: Option<Instant>,
     suppressed: u64,
+    /// The signature the current scene began with.
+    scene_start: Option<Arc<SceneSignature>>,
 }
 
 /// Latest valid frame per camera topic. Shareable across threads (`Arc<CameraCache>`); each
@@ -219,6 +227,8 @@ pub struct CameraCache {
     aliases: HashMap<String, Arc<str>>,
     default_camera: Option<Arc<str>>,
     warn_interval: Duration,
+    /// Change score above which a frame starts a new scene ([`TopicStats::scene_changes`]).
+    scene_threshold: f64,
 }
 
 impl CameraCache {
@@ -241,9 +251,12 @@ impl CameraCache {
                     last_accepted: None,
                     last_rejection: None,
                     frame_interval: None,
+                    scene_changes: 0,
+                    scene_since: None,
                 },
                 last_warning: None,
                 suppressed: 0,
+                scene_start: None,
             };
             if slots.insert(key.clone(), Mutex::new(slot)).is_some() {
                 return Err(CacheConfigError::DuplicateTopic {
@@ -258,6 +271,7 @@ impl CameraCache {
             aliases: HashMap::new(),
             default_camera: None,
             warn_interval: config.warn_interval,
+            scene_threshold: crate::scene::DEFAULT_SCENE_CHANGE_THRESHOLD,
         };
         cache.default_camera = match config.default_camera.filter(|s| !s.is_empty()) {
             Some(name) => Some(
@@ -283,6 +297,18 @@ impl CameraCache {
             self.aliases.insert(alias, key.clone());
         }
         Ok(self)
+    }
+
+    /// Sets the change score above which a frame starts a new scene (default
+    /// [`crate::DEFAULT_SCENE_CHANGE_THRESHOLD`]).
+    pub fn with_scene_threshold(mut self, threshold: f64) -> Self {
+        self.scene_threshold = threshold;
+        self
+    }
+
+    /// The change score above which two frames show different scenes.
+    pub fn scene_threshold(&self) -> f64 {
+        self.scene_threshold
     }
 
     /// The configured topics, in configuration order.
@@ -348,6 +374,7 @@ impl CameraCache {
                     });
                 }
                 slot.stats.last_accepted = Some(now);
+                self.follow_scene(&mut slot, scene.as_ref(), now);
                 slot.latest = Some(CachedFrame {
                     topic: key.clone(),
                     frame: Arc::new(frame),
@@ -379,6 +406,23 @@ impl CameraCache {
                 }))
             }
         }
+    }
+
+    /// Counts a scene change when `scene` differs from the one the topic's scene began with
+    /// (a frame without a signature ends the scene: nothing can be said of it).
+    fn follow_scene(&self, slot: &mut Slot, scene: Option<&Arc<SceneSignature>>, now: Instant) {
+        let same = match (&slot.scene_start, scene) {
+            (Some(a), Some(b)) => a.same_scene(b, self.scene_threshold),
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        if slot.scene_start.is_some() {
+            slot.stats.scene_changes += 1;
+        }
+        slot.scene_start = scene.cloned();
+        slot.stats.scene_since = scene.map(|_| now);
     }
 
     /// Picks the frame for an ask: the named camera (see [`CameraCache::resolve`]) or the
@@ -866,5 +910,51 @@ mod tests {
             !first.same_scene(&unsigned, 1.0),
             "nor a frame without a signature"
         );
+        let stats = c.stats("/image_raw").unwrap();
+        assert_eq!((stats.scene_changes, stats.scene_since), (0, Some(t0)));
+    }
+
+    #[test]
+    fn scene_changes_are_counted_against_the_scene_start() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let two = |a: u8, b: u8| {
+            Frame::from_image(
+                ImageMsg {
+                    encoding: "mono8",
+                    width: 2,
+                    height: 1,
+                    step: 2,
+                    is_bigendian: false,
+                    data: vec![a, b],
+                },
+                &Limits::default(),
+            )
+            .unwrap()
+        };
+        for (i, (a, b, changes, since)) in [
+            (10, 200, 0, 0),
+            (12, 202, 0, 0), // brightness only
+            (200, 10, 1, 2), // new scene
+            (201, 11, 1, 2),
+            (10, 200, 2, 4), // and back
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            c.record(
+                "/image_raw",
+                Ok(two(a, b)),
+                Stamp::default(),
+                t0 + S(i as u64),
+            )
+            .unwrap();
+            let st = c.stats("/image_raw").unwrap();
+            assert_eq!(
+                (st.scene_changes, st.scene_since),
+                (changes, Some(t0 + S(since))),
+                "frame {i}"
+            );
+        }
     }
 }
