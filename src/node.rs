@@ -414,7 +414,6 @@ fn start_worker(
                 params: live.clone(),
                 ask_priority: p.bpu_priority,
                 scene_check: p.scene_check,
-                // Checked finite and >= 0.
                 settle: Duration::try_from_secs_f64(p.scene_settle_s).unwrap_or(Duration::MAX),
             }),
     };

@@ -305,12 +305,8 @@ impl Primer {
                 }
             }
         };
-        if image.is_some() && self.cfg.scene_check {
-            let changed = self
-                .completed
-                .as_ref()
-                .is_some_and(|(done, _)| !self.same_scene(done, &frame));
-            self.stats.change_prefills += u64::from(changed);
+        if image.is_some() {
+            self.count_change(&frame);
         }
         assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
         let t0 = Instant::now();
@@ -345,6 +341,15 @@ impl Primer {
             Ok(Err(e)) => self.failed(&e),
             Err(p) => PrimingEnd::Panicked(p),
         }
+    }
+
+    /// Counts a priming of `frame` that starts because the scene changed.
+    fn count_change(&mut self, frame: &CachedFrame) {
+        let changed = self
+            .completed
+            .as_ref()
+            .is_some_and(|(done, _)| !self.same_scene(done, frame));
+        self.stats.change_prefills += u64::from(self.cfg.scene_check && changed);
     }
 
     fn failed(&mut self, e: &AssistantError) -> PrimingEnd {
