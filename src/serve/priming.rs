@@ -12,6 +12,13 @@
 //! does not continue is parked (a snapshot) and continued when the worker is idle again, while
 //! its frame is younger than half of `prefill_max_age_s`.
 //!
+//! With `scene_check` (default on) the camera cache's scene signatures decide instead of the
+//! frame's novelty: a priming starts only when the newest frame shows another scene than the
+//! one primed last and that scene has held for `scene_settle_s` (or the priming reached
+//! `prefill_max_age_s`, the safety cap), and an ask is served from a priming only when its
+//! newest frame shows the priming's scene; the answer then reports that newest frame's stamp
+//! as `scene_checked_stamp`. A changed scene is answered from the newest frame.
+//!
 //! Cost bounds: a priming starts only when the queue is empty, is asked before the frame's
 //! conversion and before every graph call whether an ask came (and then stops there, so an ask
 //! waits at most one graph call, and when that call completed the priming without a third
