@@ -69,8 +69,9 @@ pub(crate) struct Diagnostics {
 }
 
 /// The frame priming's counters: primings done and stopped, asks on its camera and
-/// those served from it (hit rate), the primed frame's age now and at the last hit, and
-/// the share of wall time the BPU spent priming.
+/// those served from it (hit rate), the primed frame's age now and at the last hit, the
+/// share of wall time the BPU spent priming, and with `scene_check` the primings a scene
+/// change started and the asks that found the primed scene still there or changed.
 fn prefill_values(p: &PrimingStats, now: Instant) -> Vec<KeyValue> {
     let rate = if p.camera_asks == 0 {
         0.0
@@ -89,6 +90,9 @@ fn prefill_values(p: &PrimingStats, now: Instant) -> Vec<KeyValue> {
         kv("prefill_frame_age_s", format!("{age:.3}")),
         kv("prefill_last_hit_age_s", format!("{:.3}", p.last_hit_age_s)),
         kv("prefill_bpu_duty", format!("{:.3}", p.duty)),
+        kv("prefills_on_scene_change", p.change_prefills),
+        kv("prefill_scene_same_asks", p.scene_same_asks),
+        kv("prefill_scene_changed_asks", p.scene_changed_asks),
     ]
 }
 
@@ -174,6 +178,7 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
             if let Some(st) = c.stats(t) {
                 values.push(kv(&format!("camera {t} accepted"), st.accepted));
                 values.push(kv(&format!("camera {t} rejected"), st.rejected));
+                values.push(kv(&format!("camera {t} scene_changes"), st.scene_changes));
                 values.push(kv(
                     &format!("camera {t} frame_rate_hz"),
                     format!("{:.1}", st.frame_rate_hz()),

@@ -352,7 +352,8 @@ fn subscribe_cameras(
         },
         Instant::now(),
     )?
-    .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?;
+    .with_aliases(configured.iter().map(|t| (t.clone(), resolved(t))))?
+    .with_scene_threshold(params.scene_change_threshold);
     let cache = Arc::new(cache);
     let qos = cameras::camera_qos(params.camera_qos);
     for t in &params.image_topics {

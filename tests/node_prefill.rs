@@ -68,6 +68,9 @@ async fn asks_are_served_from_the_prefilled_frame_exactly_and_in_order() -> anyh
             ("default_camera", "/cam"),
             ("diagnostics_period_s", "0.05"),
             ("prefill_duty", "1.0"),
+            // Every new frame primed, as before scene checks: the peer counts primings of
+            // an unchanged scene (tests/node_scene.rs covers scene_check).
+            ("scene_check", "false"),
         ],
         &env,
     )?;

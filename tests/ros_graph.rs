@@ -97,6 +97,8 @@ fn response_for(request: &Ask::Request, tokens: &[Token]) -> anyhow::Result<Ask:
             sec: 7,
             nanosec: 999_999_999,
         },
+        // Zero: the image came with the request, no camera frame was checked.
+        scene_checked_stamp: Time::default(),
         image_width: 4_000_000_000,
         image_height: 480,
         prompt_tokens: 100 + u32::try_from(request.prompt.chars().count())?,

@@ -257,9 +257,21 @@ declare! {
         "Camera whose frames are primed; empty = the default camera.";
     prefill_duty: f64 = d(0.5), Kind::Real(SHARE), Configure,
         "Most share of wall time primings keep the BPU busy.";
-    prefill_max_age_s: f64 = d(10.0), Kind::Real(AT_LEAST_0), Configure,
+    prefill_max_age_s: f64 = d(60.0), Kind::Real(AT_LEAST_0), Configure,
         "An ask without `max_image_age_s` is served from a primed frame at most this old, in \
-        seconds (else from the newest frame).";
+        seconds (else from the newest frame); with `scene_check`, a safety cap: a priming this \
+        old is made again even on an unchanged scene.";
+    scene_check: bool = b(true), Kind::Bool, Configure,
+        "Compare scenes: a new priming starts when the camera's scene changed (and held for \
+        `scene_settle_s`), not for every frame, and an ask gets a primed frame only when the \
+        camera's newest frame shows the same scene. `false`: every new frame is primed and an \
+        ask gets a primed frame by its age alone.";
+    scene_change_threshold: f64 = d(camera_frame::DEFAULT_SCENE_CHANGE_THRESHOLD), Kind::Real(SHARE), Restart,
+        "Change score (0-1: the largest cell difference of a 32x24 luma thumbnail, the median \
+        difference taken off) above which two frames show different scenes.";
+    scene_settle_s: f64 = d(0.5), Kind::Seconds(AT_LEAST_0), Configure,
+        "With `scene_check`, a changed scene is primed once it has held this long, in seconds, \
+        so a moving camera does not restart a priming every frame.";
     prefill_keep_on_device: bool = b(true), Kind::Bool, Configure,
         "Keep the completed priming in a third decode cache set on the BPU, so an ask about its \
         frame starts from it without copying the state back, whatever ran since; costs one more \

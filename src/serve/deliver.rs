@@ -57,7 +57,10 @@ pub(crate) fn serve(
         feedback,
     } = job;
     admission.running();
-    let origin = plan.images.origin();
+    let mut origin = plan.images.origin();
+    if let Some(stamp) = plan.scene_checked {
+        origin.scene_checked = stamp;
+    }
     let session_tag = Sessions::tag(plan.session_id.as_deref());
     let mut sink = TokenSink::new(
         &*outputs.tokens,
@@ -236,6 +239,7 @@ mod tests {
                 images: Images::None,
                 session_id: None,
                 max_image_age: None,
+                scene_checked: None,
             },
             admission: h.registry.admit(id).unwrap(),
             respond,

@@ -43,6 +43,10 @@ pub(crate) struct ImageOrigin {
     /// relative coordinates into. 0 when text-only.
     pub width: u32,
     pub height: u32,
+    /// The newest camera frame's stamp found to show the same scene (`scene_checked_stamp`):
+    /// the used frame's own for a camera frame unless a scene check says later; zero when no
+    /// camera frame was used.
+    pub scene_checked: Stamp,
 }
 
 impl Images {
@@ -56,6 +60,7 @@ impl Images {
                 // Raw images come first in the model input, as `first` does.
                 width: frames.first().map_or(0, Frame::width),
                 height: frames.first().map_or(0, Frame::height),
+                scene_checked: Stamp::default(),
             },
             Self::Camera(c) => ImageOrigin {
                 source: c.topic.to_string(),
@@ -63,6 +68,7 @@ impl Images {
                 frame_id: c.frame_id.to_string(),
                 width: c.frame.width(),
                 height: c.frame.height(),
+                scene_checked: c.stamp,
             },
         }
     }
@@ -176,6 +182,9 @@ pub struct JobPlan {
     pub session_id: Option<String>,
     /// The ask's `max_image_age_s` (`None` = no limit): a primed frame must be within it.
     pub max_image_age: Option<std::time::Duration>,
+    /// Set when a primed frame was chosen after a scene check: the stamp of the ask's newest
+    /// frame, which showed the same scene (`scene_checked_stamp`).
+    pub scene_checked: Option<Stamp>,
 }
 
 /// An admitted request, ready for the worker. Its cancel flag, deadline and arrival time

@@ -119,6 +119,7 @@ impl Outcome {
                 frame_id: nuls.safe(origin.frame_id),
                 width: origin.width,
                 height: origin.height,
+                scene_checked: origin.scene_checked,
             },
             completion,
             figures,
@@ -198,6 +199,7 @@ impl Outcome {
             image_source: self.origin.source.clone(),
             image_header: self.image_header(),
             image_stamp: clock::time(self.origin.stamp),
+            scene_checked_stamp: clock::time(self.origin.scene_checked),
             image_width: self.origin.width,
             image_height: self.origin.height,
             finish_reason: self.finish_reason().as_str().to_owned(),
@@ -228,6 +230,7 @@ impl Outcome {
             image_source: self.origin.source.clone(),
             image_header: self.image_header(),
             image_stamp: clock::time(self.origin.stamp),
+            scene_checked_stamp: clock::time(self.origin.scene_checked),
             image_width: self.origin.width,
             image_height: self.origin.height,
             prompt_tokens: f.prompt_tokens,
@@ -325,6 +328,7 @@ mod tests {
             frame_id: "camera_optical".into(),
             width: 640,
             height: 480,
+            scene_checked: Stamp { sec: 8, nanosec: 1 },
         }
     }
 
@@ -380,6 +384,9 @@ mod tests {
         assert_eq!((a.image_width, a.image_height), (640, 480));
         assert_eq!((r.image_width, r.image_height), (640, 480));
         assert_eq!(a.image_stamp, r.image_stamp);
+        let checked = &r.scene_checked_stamp;
+        assert_eq!((checked.sec, checked.nanosec), (8, 1));
+        assert_eq!(a.scene_checked_stamp, r.scene_checked_stamp);
         assert_eq!(
             (a.request_id.as_str(), a.prompt.as_str()),
             ("req-1", "what is this?")

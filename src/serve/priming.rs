@@ -12,6 +12,13 @@
 //! does not continue is parked (a snapshot) and continued when the worker is idle again, while
 //! its frame is younger than half of `prefill_max_age_s`.
 //!
+//! With `scene_check` (default on) the camera cache's scene signatures decide instead of the
+//! frame's novelty: a priming starts only when the newest frame shows another scene than the
+//! one primed last and that scene has held for `scene_settle_s` (or the priming reached
+//! `prefill_max_age_s`, the safety cap), and an ask is served from a priming only when its
+//! newest frame shows the priming's scene; the answer then reports that newest frame's stamp
+//! as `scene_checked_stamp`. A changed scene is answered from the newest frame.
+//!
 //! Cost bounds: a priming starts only when the queue is empty, is asked before the frame's
 //! conversion and before every graph call whether an ask came (and then stops there, so an ask
 //! waits at most one graph call, and when that call completed the priming without a third
@@ -54,6 +61,11 @@ pub struct PrimingConfig {
     pub ask_priority: u8,
     /// Whether the node serves (lifecycle `active`): an inactive node submits no BPU task.
     pub serving: Arc<std::sync::atomic::AtomicBool>,
+    /// `scene_check`: prime on a change of scene, serve a primed frame only for the same
+    /// scene as the camera's newest frame (the threshold is the camera cache's).
+    pub scene_check: bool,
+    /// `scene_settle_s`: how long a changed scene holds before it is primed.
+    pub settle: Duration,
 }
 
 /// Counters for diagnostics.
@@ -72,6 +84,12 @@ pub struct PrimingStats {
     pub frame_arrival: Option<Instant>,
     /// Share of wall time spent priming since the model was ready ([`Primer::stats`]).
     pub duty: f64,
+    /// Primings started because the scene differed from the one last primed.
+    pub change_prefills: u64,
+    /// Asks served from a priming whose scene the camera's newest frame still shows.
+    pub scene_same_asks: u64,
+    /// Asks that found the scene of a priming changed, and were not served from it.
+    pub scene_changed_asks: u64,
 }
 
 /// What an ask is served from.
@@ -172,7 +190,29 @@ impl Primer {
             .tried
             .as_ref()
             .is_some_and(|(t, seq)| *t == f.topic && *seq == f.seq);
-        (!seen).then_some(f)
+        (!seen && self.scene_due(&f, now)).then_some(f)
+    }
+
+    /// With `scene_check`, whether `newest` is worth a priming: its scene differs from the
+    /// one primed last and has held for `scene_settle_s`, or the priming of its scene reached
+    /// `prefill_max_age_s` (the safety cap). A frame without a signature is primed as
+    /// without `scene_check`.
+    fn scene_due(&self, newest: &CachedFrame, now: Instant) -> bool {
+        let primed = self.completed.as_ref().map(|(f, _)| f);
+        scene_due(&self.cfg, primed, newest, now)
+    }
+
+    /// Whether `newer` shows `frame`'s scene (always, without `scene_check`).
+    fn same_scene(&self, frame: &CachedFrame, newer: &CachedFrame) -> bool {
+        !self.cfg.scene_check || frame.same_scene(newer, self.cfg.cameras.scene_threshold())
+    }
+
+    /// The camera's newest frame, if it shows another scene than `frame`.
+    fn scene_moved_on(&self, frame: &CachedFrame) -> bool {
+        self.cfg
+            .cameras
+            .latest(&frame.topic)
+            .is_some_and(|newest| !self.same_scene(frame, &newest))
     }
 
     /// Follows a run-time set of `system_prompt`: what was primed for the old one can
@@ -233,7 +273,9 @@ impl Primer {
         // A stopped priming of a still recent frame goes on (its work is done up to there);
         // an older one gives way to the newest frame.
         let worth = |f: &CachedFrame| {
-            f.age(now) < self.cfg.max_age / 2 && assistant.can_resume_priming(&self.system)
+            f.age(now) < self.cfg.max_age / 2
+                && assistant.can_resume_priming(&self.system)
+                && !self.scene_moved_on(f)
         };
         if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
             // Given up: its runs are rested before anything new starts.
@@ -279,6 +321,9 @@ impl Primer {
                 }
             }
         };
+        if image.is_some() {
+            self.count_change(&frame);
+        }
         assistant.set_priority(self.cfg.ask_priority.saturating_sub(1));
         let t0 = Instant::now();
         let ran = contained(|| match &image {
@@ -312,6 +357,15 @@ impl Primer {
             Ok(Err(e)) => self.failed(&e),
             Err(p) => PrimingEnd::Panicked(p),
         }
+    }
+
+    /// Counts a priming of `frame` that starts because the scene changed.
+    fn count_change(&mut self, frame: &CachedFrame) {
+        let changed = self
+            .completed
+            .as_ref()
+            .is_some_and(|(done, _)| !self.same_scene(done, frame));
+        self.stats.change_prefills += u64::from(self.cfg.scene_check && changed);
     }
 
     fn failed(&mut self, e: &AssistantError) -> PrimingEnd {
@@ -368,7 +422,8 @@ impl Primer {
         // unless its frame is too old to be continued anyway (`run`).
         if !matches!(chosen, Some(Chosen::Resume)) {
             let now = Instant::now();
-            let worth = |f: &CachedFrame| f.age(now) < self.cfg.max_age / 2;
+            let worth =
+                |f: &CachedFrame| f.age(now) < self.cfg.max_age / 2 && !self.scene_moved_on(f);
             if !self.stopped.as_ref().is_some_and(worth) {
                 self.settle(now);
             } else if let Err(e) = assistant.stash_priming() {
@@ -386,6 +441,8 @@ impl Primer {
         if !fresh || Some(&newest.topic) != self.topic().as_ref() {
             return None;
         }
+        let newest = newest.clone();
+        let mut changed = false;
         self.stats.camera_asks += 1;
         let limit = plan.max_image_age.unwrap_or(self.cfg.max_age);
         let arrival = plan.turn.started;
@@ -396,25 +453,37 @@ impl Primer {
         };
         if let Some((frame, p)) = self.completed.clone() {
             if accepts(&frame) && assistant.primed_frame_fits(&p, &plan.turn) {
-                self.hit(&frame, arrival);
-                plan.images = Images::Camera(frame);
-                return Some(Chosen::Completed(p));
+                if self.same_scene(&frame, &newest) {
+                    self.hit(&frame, &newest, plan);
+                    plan.images = Images::Camera(frame);
+                    return Some(Chosen::Completed(p));
+                }
+                changed = true;
             }
         }
-        if let Some(frame) = &self.stopped {
-            if accepts(frame) && assistant.can_resume_priming(&opts) {
-                let frame = frame.clone();
-                self.hit(&frame, arrival);
-                plan.images = Images::Camera(frame);
-                return Some(Chosen::Resume);
+        if let Some(frame) = self.stopped.clone() {
+            if accepts(&frame) && assistant.can_resume_priming(&opts) {
+                if self.same_scene(&frame, &newest) {
+                    self.hit(&frame, &newest, plan);
+                    plan.images = Images::Camera(frame);
+                    return Some(Chosen::Resume);
+                }
+                changed = true;
             }
         }
+        self.stats.scene_changed_asks += u64::from(changed);
         None
     }
 
-    fn hit(&mut self, frame: &CachedFrame, arrival: Instant) {
+    /// Counts a hit on `frame`; with `scene_check`, `newest` (the ask's newest frame) is the
+    /// one found to show the same scene.
+    fn hit(&mut self, frame: &CachedFrame, newest: &CachedFrame, plan: &mut JobPlan) {
         self.stats.hits += 1;
-        self.stats.last_hit_age_s = frame.age(arrival).as_secs_f64();
+        self.stats.last_hit_age_s = frame.age(plan.turn.started).as_secs_f64();
+        if self.cfg.scene_check {
+            self.stats.scene_same_asks += 1;
+            plan.scene_checked = Some(newest.stamp);
+        }
     }
 
     /// Answers `turn` from what [`Primer::choose`] chose. `None` when that is no longer
@@ -456,6 +525,25 @@ impl Primer {
     }
 }
 
+/// [`Primer::scene_due`] for the frame of the completed priming, `primed`.
+fn scene_due(
+    cfg: &PrimingConfig,
+    primed: Option<&CachedFrame>,
+    newest: &CachedFrame,
+    now: Instant,
+) -> bool {
+    if !cfg.scene_check || newest.scene.is_none() {
+        return true;
+    }
+    if let Some(frame) = primed {
+        if frame.same_scene(newest, cfg.cameras.scene_threshold()) {
+            return frame.age(now) >= cfg.max_age;
+        }
+    }
+    let since = cfg.cameras.stats(&newest.topic).and_then(|s| s.scene_since);
+    since.is_some_and(|t| now.saturating_duration_since(t) >= cfg.settle)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
@@ -493,6 +581,8 @@ mod tests {
             params,
             ask_priority: 0,
             serving: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+            scene_check: true,
+            settle: Duration::from_millis(500),
         };
         Primer::new(cfg, now)
     }
@@ -557,5 +647,115 @@ mod tests {
         assert_eq!(p.system.system.as_deref(), Some("Be brief."));
         assert!(p.tried.is_none(), "the tried frame is primed again");
         assert!(p.completed.is_none() && p.stopped.is_none());
+    }
+
+    /// A 640×480 mono8 frame: a scene (bands whose brightness `scene` picks) with noise of
+    /// about σ = 4/255 from `seed`, and optionally a 64×64 patch of a new object.
+    fn picture(scene: u8, seed: u64, patch: bool) -> camera_frame::Frame {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut data = vec![0u8; 640 * 480];
+        for (i, p) in data.iter_mut().enumerate() {
+            let (col, row) = (i % 640, i / 640);
+            let base = (40 + (col / 80 + row / 60) as u32 * 12 * u32::from(scene)) % 220;
+            let object = patch && (300..364).contains(&col) && (200..264).contains(&row);
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // The sum of three uniforms in [-4, 4): σ ≈ 4.
+            let noise: i32 = (0..3).map(|k| ((x >> (k * 8)) & 7) as i32 - 4).sum::<i32>() * 4 / 3;
+            let v = if object { 250 } else { base as i32 + noise };
+            *p = v.clamp(0, 255) as u8;
+        }
+        camera_frame::Frame::from_image(
+            camera_frame::ImageMsg {
+                encoding: "mono8",
+                width: 640,
+                height: 480,
+                step: 640,
+                is_bigendian: false,
+                data,
+            },
+            &camera_frame::Limits::default(),
+        )
+        .unwrap()
+    }
+
+    fn show(p: &Primer, frame: camera_frame::Frame, at: Instant) -> CachedFrame {
+        p.cfg
+            .cameras
+            .record("/cam", Ok(frame), camera_frame::Stamp::default(), at)
+            .unwrap();
+        p.cfg.cameras.latest("/cam").unwrap()
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_static_scene_is_primed_once_and_refreshed_only_at_the_safety_cap() {
+        let t0 = Instant::now();
+        let mut p = prefiller(1.0, t0);
+        p.cfg.max_age = Duration::from_secs(60);
+        let first = show(&p, picture(1, 1, false), t0);
+        assert!(!p.scene_due(&first, t0), "not before the scene held");
+        assert!(
+            p.scene_due(&first, t0 + MS(500)),
+            "the first scene, settled"
+        );
+        // Primed; every later frame shows the same scene through its noise.
+        // A frame every 0.5 s up to the cap (a tenth of a 10 Hz camera's, to keep it short).
+        for i in 1..120u64 {
+            let at = t0 + MS(500 * i);
+            let f = show(&p, picture(1, 100 + i, false), at);
+            assert!(!scene_due(&p.cfg, Some(&first), &f, at), "frame {i}");
+        }
+        let f = show(&p, picture(1, 7, false), t0 + Duration::from_secs(60));
+        assert!(scene_due(
+            &p.cfg,
+            Some(&first),
+            &f,
+            t0 + Duration::from_secs(60)
+        ));
+        let st = p.cfg.cameras.stats("/cam").unwrap();
+        assert_eq!(st.scene_changes, 0, "noise is no change");
+    }
+
+    #[test]
+    fn a_changed_scene_is_primed_once_it_held_for_the_settle_time() {
+        let t0 = Instant::now();
+        let p = prefiller(1.0, t0);
+        let primed = show(&p, picture(1, 1, false), t0);
+        // A new object enters at 1 s and stays.
+        for i in 0..10u64 {
+            let at = t0 + MS(1000 + 100 * i);
+            let f = show(&p, picture(1, 20 + i, true), at);
+            let due = scene_due(&p.cfg, Some(&primed), &f, at);
+            assert_eq!(due, i >= 5, "{} ms after the change", 100 * i);
+        }
+        assert_eq!(p.cfg.cameras.stats("/cam").unwrap().scene_changes, 1);
+        // Without scene_check every new frame is due, as before.
+        let mut timer = prefiller(1.0, t0);
+        timer.cfg.scene_check = false;
+        let f = show(&timer, picture(1, 3, false), t0);
+        assert!(scene_due(&timer.cfg, Some(&f), &f, t0));
+    }
+
+    #[test]
+    fn a_moving_camera_is_not_primed_while_it_moves() {
+        let t0 = Instant::now();
+        let p = prefiller(1.0, t0);
+        let primed = show(&p, picture(1, 1, false), t0);
+        for i in 1..50u64 {
+            let at = t0 + MS(100 * i);
+            // Every frame another scene (10 Hz).
+            let f = show(&p, picture(1 + i as u8, i, false), at);
+            assert!(!scene_due(&p.cfg, Some(&primed), &f, at), "frame {i}");
+            assert!(!primed.same_scene(&f, p.cfg.cameras.scene_threshold()));
+        }
+        assert_eq!(p.cfg.cameras.stats("/cam").unwrap().scene_changes, 49);
+        // It stops: the last scene is primed once it held.
+        let at = t0 + MS(5000);
+        let f = show(&p, picture(60, 2, false), at);
+        assert!(!scene_due(&p.cfg, Some(&primed), &f, at + MS(400)));
+        assert!(scene_due(&p.cfg, Some(&primed), &f, at + MS(500)));
     }
 }

@@ -3,8 +3,12 @@
 # vlm_node on the 4B-shaped ctx4k package without weights under the simulator's S100P timing
 # model (prefill_tail pads_first), a 640x480 camera at 10 Hz, ASKS greedy questions at random
 # moments; once with prefill_latest_frame on (the default) and once off. Not a test.
-#   bash tools/bench/fresh-frame.sh [ASKS] ["true false"] [SEED]
-#   (the prefill_latest_frame values to run; SEED picks the ask moments, default 1)
+#   bash tools/bench/fresh-frame.sh [ASKS] ["true false"] [SEED] [CAMERAS]
+#   (the prefill_latest_frame values to run; SEED picks the ask moments, default 1; CAMERAS the
+#   scripted cameras to run each with, of fixed static occasional moving, default fixed: the
+#   same pixels every frame, see tools/bench/fresh_frame.py)
+#   SCENE_CHECK=true|false sets the node's scene_check (default true, the node's default;
+#   false: the timer-driven priming before scene checks).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -24,14 +28,19 @@ fi
 # large-frame profile.
 export FASTRTPS_DEFAULT_PROFILES_FILE="$ROOT/launch/fastdds_large_frames.xml"
 export FASTDDS_DEFAULT_PROFILES_FILE="$FASTRTPS_DEFAULT_PROFILES_FILE"
+for CAMERA in ${4:-fixed}; do
 for PREFILL in ${2:-true false}; do
   BPU_SIM_TIMING=s100p RUST_LOG=warn "$BIN/vlm_node" --ros-args \
     --params-file launch/vlm_params.yaml -p model_dir:="$PKG" -p prefill_tail:=pads_first \
-    -p prefill_latest_frame:=$PREFILL -p bpu_timeout_s:=60.0 &
+    -p prefill_latest_frame:=$PREFILL -p scene_check:="${SCENE_CHECK:-true}" \
+    -p bpu_timeout_s:=60.0 &
   PID=$!
   trap 'kill -INT $PID 2>/dev/null || true' EXIT
-  .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --seed "${3:-1}" --label "prefill_latest_frame=$PREFILL"
+  .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --seed "${3:-1}" \
+    --camera "$CAMERA" \
+    --label "prefill_latest_frame=$PREFILL scene_check=${SCENE_CHECK:-true} camera=$CAMERA"
   kill -INT "$PID"
   trap - EXIT
   wait "$PID"
+done
 done

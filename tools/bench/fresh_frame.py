@@ -8,6 +8,17 @@ Asks ASKS greedy questions one at a time, each after a random pause (uniform in
 request's arrival) and the age of the frame used (the client's ROS time at the call minus the
 answer's image_stamp, both from this host's clock). At the end the node's priming counters
 from /diagnostics (hit rate, BPU duty). Prints one JSON object.
+
+--camera picks the scripted camera (10 Hz, 640x480):
+  fixed       scene_a, the same pixels every frame (the original benchmark)
+  static      scene_a with Gaussian sensor noise (sigma 4/255) on every pixel of every frame
+  occasional  as static, the scene switching between scene_a and scene_b every --switch-s s
+  moving      every frame a different scene (the three scenes in turn, panned 16 px a frame)
+Besides TTFT and frame age, per ask: the information age at the first token (TTFT + the age
+at the call of the frame the answer is about: of scene_checked_stamp when the node reports
+one later than image_stamp, i.e. the newest frame that checked it), and whether the answer was
+about a scene no longer in front of the camera (a frame of another scene was published
+between the frame used and 0.2 s before the call).
 """
 
 import argparse
@@ -19,6 +30,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import rclpy
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.qos import qos_profile_sensor_data
@@ -44,6 +56,9 @@ def main():
     ap.add_argument('--max-new-tokens', type=int, default=2)
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--label', default='')
+    ap.add_argument('--camera', default='fixed',
+                    choices=['fixed', 'static', 'occasional', 'moving'])
+    ap.add_argument('--switch-s', type=float, default=10.0)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     rclpy.init()
@@ -66,18 +81,53 @@ def main():
     threading.Thread(target=ex.spin, daemon=True).start()
     if not client.wait_for_service(timeout_sec=600):
         raise SystemExit('no /ask')
-    frame = rgb8(load_rgb('scene_a.png', (640, 480)))
+    scenes = [load_rgb(f'scene_{k}.png', (640, 480)) for k in 'abc']
+    frame = rgb8(scenes[0])
     stop = threading.Event()
+    # (stamp in s, scene id) of every frame published, in order.
+    shown = []
+    noise = np.random.default_rng(a.seed)
+    t_start = time.monotonic()
+
+    def picture(i):
+        """Frame i of the scripted camera and its scene id."""
+        if a.camera == 'fixed':
+            return frame, 0
+        if a.camera == 'moving':
+            img = np.roll(scenes[i % 3], 16 * i, axis=1)
+            scene = i
+        else:
+            scene = 0
+            if a.camera == 'occasional':
+                scene = int((time.monotonic() - t_start) // a.switch_s)
+            img = scenes[scene % 2]
+        noisy = img.astype(np.float32) + noise.normal(0.0, 4.0, img.shape).astype(np.float32)
+        return rgb8(np.clip(np.rint(noisy), 0, 255).astype(np.uint8)), scene
 
     def camera():
+        i = 0
         while not stop.is_set():
-            frame.header.stamp = node.get_clock().now().to_msg()
-            cam.publish(frame)
+            msg, scene = picture(i)
+            msg.header.stamp = node.get_clock().now().to_msg()
+            with lock:
+                shown.append((msg.header.stamp.sec + msg.header.stamp.nanosec * 1e-9, scene))
+            cam.publish(msg)
+            i += 1
             time.sleep(0.1)
+
+    def scene_at(stamp):
+        with lock:
+            return next((sc for t, sc in shown if abs(t - stamp) < 1e-6), None)
+
+    def stale(used, sent):
+        """A frame of another scene was published after the frame used, 0.2 s before the call."""
+        scene = scene_at(used)
+        with lock:
+            return any(used < t <= sent - 0.2 and sc != scene for t, sc in shown)
 
     threading.Thread(target=camera, daemon=True).start()
     time.sleep(2.0)
-    ttft, age = [], []
+    ttft, age, info, stale_answers = [], [], [], 0
     for i in range(a.asks):
         time.sleep(rng.uniform(a.min_gap, a.max_gap))
         req = Ask.Request(request_id=f'f{i}', prompt='What do you see?', temperature=0.0,
@@ -90,7 +140,12 @@ def main():
         if not r.success:
             raise SystemExit(f'ask {i} failed: {r.error_code} {r.error_message}')
         ttft.append(r.ttft_s)
-        age.append(sent - (r.image_stamp.sec + r.image_stamp.nanosec * 1e-9))
+        used = r.image_stamp.sec + r.image_stamp.nanosec * 1e-9
+        age.append(sent - used)
+        checked = getattr(r, 'scene_checked_stamp', None)
+        checked = checked.sec + checked.nanosec * 1e-9 if checked is not None else 0.0
+        info.append(r.ttft_s + sent - max(used, checked))
+        stale_answers += int(stale(used, sent))
     stop.set()
     time.sleep(0.5)
     with lock:
@@ -102,6 +157,13 @@ def main():
         'ttft_s_p95': round(quantile(ttft, 0.95), 3),
         'frame_age_s_median': round(statistics.median(age), 3),
         'frame_age_s_max': round(max(age), 3),
+        'camera': a.camera,
+        'info_age_s_median': round(statistics.median(info), 3),
+        'info_age_s_max': round(max(info), 3),
+        'stale_scene_answers': stale_answers,
+        'prefills_on_scene_change': d.get('prefills_on_scene_change'),
+        'prefill_scene_same_asks': d.get('prefill_scene_same_asks'),
+        'prefill_scene_changed_asks': d.get('prefill_scene_changed_asks'),
         'prefill_hit_rate': d.get('prefill_hit_rate'),
         'prefill_bpu_duty': d.get('prefill_bpu_duty'),
         'prefills_done': d.get('prefills_done'),

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{FrameError, FrameErrorKind};
 use crate::frame::Frame;
+use crate::scene::SceneSignature;
 
 /// A message header stamp (`builtin_interfaces/Time`), kept as the camera sent it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -49,12 +50,28 @@ pub struct CachedFrame {
     pub arrival: Instant,
     /// 1 for the first frame accepted on the topic, then counting up.
     pub seq: u64,
+    /// The frame's scene signature, computed once on arrival; `None` for a jpeg/png body
+    /// not decoded yet.
+    pub scene: Option<Arc<SceneSignature>>,
 }
 
 impl CachedFrame {
     /// Time since arrival.
     pub fn age(&self, now: Instant) -> Duration {
         now.saturating_duration_since(self.arrival)
+    }
+
+    /// Whether `newer` shows the same scene as this frame under `threshold` (a
+    /// [`SceneSignature::change`] score): the same frame always does; a frame without a
+    /// signature, of another camera or of another size never does.
+    pub fn same_scene(&self, newer: &CachedFrame, threshold: f64) -> bool {
+        if self.topic == newer.topic && self.seq == newer.seq {
+            return true;
+        }
+        match (&self.scene, &newer.scene) {
+            (Some(a), Some(b)) if self.topic == newer.topic => a.same_scene(b, threshold),
+            _ => false,
+        }
     }
 }
 
@@ -157,6 +174,12 @@ pub struct TopicStats {
     /// Smoothed time between valid frames (exponential average, weight 1/8 for the newest
     /// interval); `None` before the second valid frame.
     pub frame_interval: Option<Duration>,
+    /// Scene changes seen: valid frames whose scene differs from the one the topic's scene
+    /// began with (the first frame counts as none).
+    pub scene_changes: u64,
+    /// Arrival of the first frame of the current scene (`None` before a frame with a
+    /// signature): the scene has held since then.
+    pub scene_since: Option<Instant>,
 }
 
 impl TopicStats {
@@ -190,6 +213,8 @@ struct Slot {
     stats: TopicStats,
     last_warning: Option<Instant>,
     suppressed: u64,
+    /// The signature the current scene began with.
+    scene_start: Option<Arc<SceneSignature>>,
 }
 
 /// Latest valid frame per camera topic. Shareable across threads (`Arc<CameraCache>`); each
@@ -202,6 +227,8 @@ pub struct CameraCache {
     aliases: HashMap<String, Arc<str>>,
     default_camera: Option<Arc<str>>,
     warn_interval: Duration,
+    /// Change score above which a frame starts a new scene ([`TopicStats::scene_changes`]).
+    scene_threshold: f64,
 }
 
 impl CameraCache {
@@ -224,9 +251,12 @@ impl CameraCache {
                     last_accepted: None,
                     last_rejection: None,
                     frame_interval: None,
+                    scene_changes: 0,
+                    scene_since: None,
                 },
                 last_warning: None,
                 suppressed: 0,
+                scene_start: None,
             };
             if slots.insert(key.clone(), Mutex::new(slot)).is_some() {
                 return Err(CacheConfigError::DuplicateTopic {
@@ -241,6 +271,7 @@ impl CameraCache {
             aliases: HashMap::new(),
             default_camera: None,
             warn_interval: config.warn_interval,
+            scene_threshold: crate::scene::DEFAULT_SCENE_CHANGE_THRESHOLD,
         };
         cache.default_camera = match config.default_camera.filter(|s| !s.is_empty()) {
             Some(name) => Some(
@@ -266,6 +297,18 @@ impl CameraCache {
             self.aliases.insert(alias, key.clone());
         }
         Ok(self)
+    }
+
+    /// Sets the change score above which a frame starts a new scene (default
+    /// [`crate::DEFAULT_SCENE_CHANGE_THRESHOLD`]).
+    pub fn with_scene_threshold(mut self, threshold: f64) -> Self {
+        self.scene_threshold = threshold;
+        self
+    }
+
+    /// The change score above which two frames show different scenes.
+    pub fn scene_threshold(&self) -> f64 {
+        self.scene_threshold
     }
 
     /// The configured topics, in configuration order.
@@ -306,6 +349,12 @@ impl CameraCache {
         now: Instant,
     ) -> Result<Option<RejectWarning>, UnknownTopic> {
         let header = header.into();
+        // Outside the lock: the signature reads the frame (tens of µs at 640×480).
+        let scene = outcome
+            .as_ref()
+            .ok()
+            .and_then(SceneSignature::of_frame)
+            .map(Arc::new);
         let (key, slot) = self
             .slots
             .get_key_value(topic)
@@ -325,6 +374,7 @@ impl CameraCache {
                     });
                 }
                 slot.stats.last_accepted = Some(now);
+                self.follow_scene(&mut slot, scene.as_ref(), now);
                 slot.latest = Some(CachedFrame {
                     topic: key.clone(),
                     frame: Arc::new(frame),
@@ -332,6 +382,7 @@ impl CameraCache {
                     frame_id: header.frame_id,
                     arrival: now,
                     seq: slot.stats.accepted,
+                    scene,
                 });
                 Ok(None)
             }
@@ -355,6 +406,23 @@ impl CameraCache {
                 }))
             }
         }
+    }
+
+    /// Counts a scene change when `scene` differs from the one the topic's scene began with
+    /// (a frame without a signature ends the scene: nothing can be said of it).
+    fn follow_scene(&self, slot: &mut Slot, scene: Option<&Arc<SceneSignature>>, now: Instant) {
+        let same = match (&slot.scene_start, scene) {
+            (Some(a), Some(b)) => a.same_scene(b, self.scene_threshold),
+            _ => false,
+        };
+        if same {
+            return;
+        }
+        if slot.scene_start.is_some() {
+            slot.stats.scene_changes += 1;
+        }
+        slot.scene_start = scene.cloned();
+        slot.stats.scene_since = scene.map(|_| now);
     }
 
     /// Picks the frame for an ask: the named camera (see [`CameraCache::resolve`]) or the
@@ -812,5 +880,81 @@ mod tests {
             Some(S(1)),
             "from the newest valid frame"
         );
+    }
+
+    #[test]
+    fn accepted_frames_carry_their_scene_signature() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        c.record("/image_raw", Ok(frame(10)), Stamp::default(), t0)
+            .unwrap();
+        let first = c.latest("/image_raw").unwrap();
+        assert!(first.scene.is_some(), "computed on arrival");
+        c.record("/image_raw", Ok(frame(11)), Stamp::default(), t0 + S(1))
+            .unwrap();
+        let flicker = c.latest("/image_raw").unwrap();
+        // A uniform step is a brightness change, not a new scene.
+        assert!(first.same_scene(&flicker, 0.025));
+        assert!(first.same_scene(&first, 0.0), "a frame is its own scene");
+        let other = CachedFrame {
+            topic: Arc::from("/image_raw/compressed"),
+            ..flicker.clone()
+        };
+        assert!(!first.same_scene(&other, 1.0), "another camera never is");
+        let unsigned = CachedFrame {
+            scene: None,
+            seq: 99,
+            ..flicker
+        };
+        assert!(
+            !first.same_scene(&unsigned, 1.0),
+            "nor a frame without a signature"
+        );
+        let stats = c.stats("/image_raw").unwrap();
+        assert_eq!((stats.scene_changes, stats.scene_since), (0, Some(t0)));
+    }
+
+    #[test]
+    fn scene_changes_are_counted_against_the_scene_start() {
+        let t0 = Instant::now();
+        let c = cache(t0);
+        let two = |a: u8, b: u8| {
+            Frame::from_image(
+                ImageMsg {
+                    encoding: "mono8",
+                    width: 2,
+                    height: 1,
+                    step: 2,
+                    is_bigendian: false,
+                    data: vec![a, b],
+                },
+                &Limits::default(),
+            )
+            .unwrap()
+        };
+        for (i, (a, b, changes, since)) in [
+            (10, 200, 0, 0),
+            (12, 202, 0, 0), // brightness only
+            (200, 10, 1, 2), // new scene
+            (201, 11, 1, 2),
+            (10, 200, 2, 4), // and back
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            c.record(
+                "/image_raw",
+                Ok(two(a, b)),
+                Stamp::default(),
+                t0 + S(i as u64),
+            )
+            .unwrap();
+            let st = c.stats("/image_raw").unwrap();
+            assert_eq!(
+                (st.scene_changes, st.scene_since),
+                (changes, Some(t0 + S(since))),
+                "frame {i}"
+            );
+        }
     }
 }

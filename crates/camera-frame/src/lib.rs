@@ -12,6 +12,8 @@
 //! - [`DecodeBudget`] caps the pixels of one image and the decoded bytes of a request's
 //!   images, from their headers, before any pixel is decoded.
 //! - [`CameraCache`] keeps the latest valid frame per topic and picks the frame for an ask.
+//! - [`SceneSignature`] is a frame's luma thumbnail, computed on arrival, so two frames can be
+//!   compared for a change of scene in microseconds.
 //!
 //! This crate must not depend on r2r, ROS message types or tokio: the node maps message
 //! fields into these types.
@@ -36,6 +38,7 @@ mod encoding;
 mod error;
 mod frame;
 mod mjpeg;
+mod scene;
 mod validate;
 
 pub use budget::{BudgetError, DecodeBudget};
@@ -50,6 +53,7 @@ pub use frame::Frame;
 /// The `image` crate, whose `RgbImage` the conversions return (the runtime's own RGB type is
 /// `vlm::vision::RgbImage`; the node converts between them in one place).
 pub use image;
+pub use scene::{SceneSignature, DEFAULT_SCENE_CHANGE_THRESHOLD, GRID_H, GRID_W};
 pub use validate::{
     CompressedLayout, CompressedMsg, ImageMsg, Layout, Limits, RawLayout, MAX_NV12_ROW_PADDING,
 };

@@ -31,7 +31,7 @@ pub(crate) fn request(goal: AskAction::Goal) -> Ask::Request {
 pub(crate) fn result(response: Ask::Response) -> AskAction::Result {
     move_fields!(response, Ask::Response => AskAction::Result {
         success, error_code, error_message, request_id, answer, reasoning, tool_calls_json,
-        finish_reason, image_source, image_header, image_stamp, image_width, image_height, prompt_tokens,
+        finish_reason, image_source, image_header, image_stamp, scene_checked_stamp, image_width, image_height, prompt_tokens,
         completion_tokens, ttft_s, decode_tokens_per_s, session_turn,
     })
 }
