@@ -13,8 +13,8 @@
 //!   past `bpu_timeout_s`, a model that could not be reopened after an internal error, a
 //!   panic outside any request, a thread of the node gone; a restart is the remedy.
 //!
-//! Before anything else it executes itself once more with glibc malloc's mmap and trim
-//! thresholds held in `GLIBC_TUNABLES` (same arguments, same process id; [`bpu_vlm::process::malloc`]), so
+//! Before anything else it executes itself once more with glibc malloc's mmap threshold held
+//! in `GLIBC_TUNABLES` (same arguments, same process id; [`bpu_vlm::process::malloc`]), so
 //! its memory does not creep up under a long mixed load.
 //!
 //! Debug builds only: `VLM_NODE_TEST_PANIC` injects panics for the node tests
@@ -42,7 +42,7 @@ fn main() -> ExitCode {
         .with(rosout::layer(rosout_target.clone()))
         .init();
     if let Err(e) = reexec {
-        tracing::warn!(error = %e, "could not hold glibc malloc's thresholds; running without");
+        tracing::warn!(error = %e, "could not hold glibc malloc's mmap threshold; running without");
     }
     // Before any thread starts: a panic outside a request stops the node with exit code 70.
     bpu_vlm::process::panics::install_hook();

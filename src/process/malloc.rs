@@ -1,39 +1,32 @@
-//! glibc malloc's mmap and trim thresholds, held for the node's whole run (BENCHMARKS.md,
-//! "Mixed hostile soak").
+//! glibc malloc's mmap threshold, held at its start value for the node's whole run
+//! (BENCHMARKS.md, "Mixed hostile soak").
 //!
 //! glibc gives each allocation of 128 KiB or more its own mapping and unmaps it on free, until
 //! such a block is freed: then it raises the threshold to that block's size (up to 32 MiB),
 //! and from then on buffers of that size — camera frames, decoded images, snapshots, logits —
 //! come from the arenas, whose freed space stays in the process. Under a mixed load the node's
 //! RSS so grew by 3–5 MiB over the first ~750 asks while its live heap grew by well under
-//! that (heaptrack). Holding the thresholds (`glibc.malloc.mmap_threshold`, which also stops
-//! the raising, and `glibc.malloc.trim_threshold` at twice it, glibc's own ratio) keeps RSS
-//! flat. 1 MiB, not glibc's 128 KiB start value: at 128 KiB every decode step maps and unmaps
-//! its buffers and the tiny model decodes 2.5× slower. Holding them needs either `mallopt`,
-//! an unsafe call, or the tunables in the environment when the process starts: so `vlm_node`
-//! executes itself once more with them added, before it starts any thread. A
-//! `GLIBC_TUNABLES` that already names either is left as it is (the user's choice).
+//! that (heaptrack), and ended ~10 MiB higher than with the threshold held. Holding it
+//! (`glibc.malloc.mmap_threshold`, which also stops the raising) needs either `mallopt`, an
+//! unsafe call, or the tunable in the environment when the process starts: so `vlm_node`
+//! executes itself once more with the tunable added, before it starts any thread.
+//! A `GLIBC_TUNABLES` that already names the threshold is left as it is (the user's choice).
 
 use std::ffi::{OsStr, OsString};
 
 /// The environment variable glibc reads its tunables from, at process start only.
 pub const TUNABLES_VAR: &str = "GLIBC_TUNABLES";
 
-/// The tunables this module sets.
+/// The tunable this module sets.
 pub const MMAP_THRESHOLD: &str = "glibc.malloc.mmap_threshold";
-pub const TRIM_THRESHOLD: &str = "glibc.malloc.trim_threshold";
 
-/// Blocks of this size or more get their own mapping, for the whole run.
-pub const MMAP_THRESHOLD_BYTES: usize = 1024 * 1024;
-
-/// Free space above this at the top of a heap goes back to the system.
-pub const TRIM_THRESHOLD_BYTES: usize = 2 * MMAP_THRESHOLD_BYTES;
+/// glibc's own start value of the threshold (128 KiB), held for the whole run.
+pub const MMAP_THRESHOLD_BYTES: usize = 128 * 1024;
 
 /// The `GLIBC_TUNABLES` value to run with, given the current one; `None` when the current
-/// one already names either threshold (so the re-executed process does not execute again).
+/// one already names the threshold (so the re-executed process does not execute again).
 pub fn tunables_with_threshold(current: Option<&OsStr>) -> Option<OsString> {
-    let entry =
-        format!("{MMAP_THRESHOLD}={MMAP_THRESHOLD_BYTES}:{TRIM_THRESHOLD}={TRIM_THRESHOLD_BYTES}");
+    let entry = format!("{MMAP_THRESHOLD}={MMAP_THRESHOLD_BYTES}");
     match current {
         None => Some(entry.into()),
         Some(v) if v.is_empty() => Some(entry.into()),
@@ -41,7 +34,7 @@ pub fn tunables_with_threshold(current: Option<&OsStr>) -> Option<OsString> {
             let text = v.to_string_lossy();
             if text
                 .split(':')
-                .any(|t| matches!(t.split('=').next(), Some(MMAP_THRESHOLD | TRIM_THRESHOLD)))
+                .any(|t| t.split('=').next() == Some(MMAP_THRESHOLD))
             {
                 return None;
             }
@@ -86,7 +79,7 @@ mod tests {
 
     #[test]
     fn adds_the_threshold_to_no_or_other_tunables() {
-        let entry = "glibc.malloc.mmap_threshold=1048576:glibc.malloc.trim_threshold=2097152";
+        let entry = "glibc.malloc.mmap_threshold=131072";
         assert_eq!(tunables_with_threshold(None), Some(entry.into()));
         assert_eq!(
             tunables_with_threshold(Some(OsStr::new(""))),
@@ -104,7 +97,6 @@ mod tests {
             "glibc.malloc.mmap_threshold=131072",
             "glibc.malloc.mmap_threshold=4096",
             "glibc.malloc.arena_max=1:glibc.malloc.mmap_threshold=65536",
-            "glibc.malloc.trim_threshold=0",
         ] {
             assert_eq!(tunables_with_threshold(Some(OsStr::new(v))), None, "{v}");
         }
