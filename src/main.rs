@@ -13,10 +13,6 @@
 //!   past `bpu_timeout_s`, a model that could not be reopened after an internal error, a
 //!   panic outside any request, a thread of the node gone; a restart is the remedy.
 //!
-//! Before anything else it executes itself once more with glibc malloc's mmap threshold held
-//! in `GLIBC_TUNABLES` (same arguments, same process id; [`bpu_vlm::process::malloc`]), so
-//! its memory does not creep up under a long mixed load.
-//!
 //! Debug builds only: `VLM_NODE_TEST_PANIC` injects panics for the node tests
 //! (`bpu_vlm::process::test_hooks`); release builds do not read it.
 
@@ -31,8 +27,6 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::Layer as _;
 
 fn main() -> ExitCode {
-    // Returns only if it did not execute again; logged once the logs exist.
-    let reexec = bpu_vlm::process::malloc::hold_mmap_threshold();
     let rosout_target = RosoutTarget::default();
     let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -41,9 +35,6 @@ fn main() -> ExitCode {
         .with(stderr)
         .with(rosout::layer(rosout_target.clone()))
         .init();
-    if let Err(e) = reexec {
-        tracing::warn!(error = %e, "could not hold glibc malloc's mmap threshold; running without");
-    }
     // Before any thread starts: a panic outside a request stops the node with exit code 70.
     bpu_vlm::process::panics::install_hook();
     match start(rosout_target) {
