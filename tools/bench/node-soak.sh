@@ -6,7 +6,8 @@
 #   bash tools/bench/node-soak.sh [ASKS] mix     ASKS requests from 4 concurrent clients mixing
 #                                                every survivable failure kind; checks one
 #                                                response each, one last Token per admitted
-#                                                request, RSS within 5 %, no ERROR status
+#                                                request, RSS within 5 % (minima over a window
+#                                                of asks at both points), no ERROR status
 #                                                (tools/bench/node_soak_mix.py); exit 1 if not
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
