@@ -22,7 +22,10 @@ pub fn generate_greedy<B: Backend>(
     images: &[ImageInput],
     cfg: StreamConfig,
 ) -> Generation {
-    let keep = DecodeOptions { keep_logits: true };
+    let keep = DecodeOptions {
+        keep_logits: true,
+        ..DecodeOptions::default()
+    };
     e.generate(prompt, images, &mut greedy(), cfg, keep, &mut |_| {})
         .unwrap()
 }
@@ -30,7 +33,10 @@ pub fn generate_greedy<B: Backend>(
 /// [`Engine::decode`] from the current state with the greedy sampler, keeping the logits of
 /// every step.
 pub fn decode_greedy<B: Backend>(e: &mut Engine<B>, cfg: StreamConfig) -> Generation {
-    let keep = DecodeOptions { keep_logits: true };
+    let keep = DecodeOptions {
+        keep_logits: true,
+        ..DecodeOptions::default()
+    };
     e.decode(&mut greedy(), cfg, keep, &mut |_| {}).unwrap()
 }
 

@@ -398,6 +398,10 @@ impl Assistant {
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         self.images_encoded += new.images.len() as u64;
+        let opts = DecodeOptions {
+            token_probs: turn.token_probs,
+            ..DecodeOptions::default()
+        };
         let mut gen = match &turn.json_schema {
             Some(schema) => {
                 let mut constraint = schema.constraint(&stream.eos);
@@ -407,17 +411,14 @@ impl Assistant {
                     &mut sampler,
                     &mut constraint,
                     stream,
+                    opts,
                     on_event,
                 )?
             }
-            None => self.engine.generate(
-                &prompt,
-                &new.images,
-                &mut sampler,
-                stream,
-                DecodeOptions::default(),
-                on_event,
-            )?,
+            None => {
+                self.engine
+                    .generate(&prompt, &new.images, &mut sampler, stream, opts, on_event)?
+            }
         };
         gen.completion.timings.prompt_tokens += prefix_rows;
         let conversation =
@@ -427,6 +428,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
+            token_probs: gen.token_probs,
         })
     }
 

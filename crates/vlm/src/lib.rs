@@ -19,6 +19,7 @@
 pub mod assistant;
 pub mod chat;
 pub mod engine;
+pub mod grounding;
 pub mod interrupt;
 pub mod package;
 pub mod residency;

@@ -174,7 +174,10 @@ fn run_package(dir: &Path, args: &GenerateArgs) -> anyhow::Result<Greedy> {
         &images,
         &mut sampler,
         stream,
-        DecodeOptions { keep_logits: true },
+        DecodeOptions {
+            keep_logits: true,
+            ..DecodeOptions::default()
+        },
         &mut |_| {},
     )?;
     tracing::info!(

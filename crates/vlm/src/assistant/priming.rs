@@ -329,6 +329,10 @@ impl Assistant {
                 .as_mut()
                 .map(|c| c as &mut dyn crate::sampler::TokenConstraint),
             stream,
+            crate::engine::DecodeOptions {
+                token_probs: turn.token_probs,
+                ..Default::default()
+            },
             on_event,
         )?;
         gen.completion.timings.prompt_tokens += frame.rows;
@@ -340,6 +344,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
+            token_probs: gen.token_probs,
         })
     }
 }

@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::{Assistant, AssistantError, Reply, Turn};
-use crate::chat::{Pos3, SystemOptions};
+use crate::chat::{Pos3, SystemOptions, UserTurn};
 use crate::engine::{Backend, ConstraintOutcome, EngineError};
 use crate::sampler::Sampler;
 use crate::stream::{Event, FinishReason, TokenStream};
@@ -84,6 +84,29 @@ impl Assistant {
         Ok(Some(ids.len()))
     }
 
+    /// Window rows a fresh conversation of `turn` fills before its answer: the system block
+    /// and the rendered turn with its images (each image's slot of the tower's bucket). A
+    /// front end adds the answer's token budget to see whether the answer fits the window
+    /// (`crate::grounding::fit_budget`).
+    pub fn fresh_turn_rows(&self, turn: &Turn) -> Result<usize, AssistantError> {
+        let opts = SystemOptions {
+            system: turn.system.clone(),
+            tools: turn.tools.clone(),
+        };
+        let system = self.template.system_prefix(&opts)?.len();
+        let slot = match (turn.images.is_empty(), self.slot()) {
+            (true, _) => None,
+            (false, None) => return Err(AssistantError::Engine(EngineError::NoVision)),
+            (false, Some(s)) => Some(s),
+        };
+        let user = UserTurn {
+            text: &turn.text,
+            images: slot.map_or_else(Vec::new, |s| vec![s; turn.images.len()]),
+            thinking: turn.thinking,
+        };
+        Ok(system + self.template.render_after_system(&user)?.rows())
+    }
+
     /// The reply of a fresh turn stopped (cancel, deadline) while its system block was
     /// prefilled: nothing generated and nothing kept, as when the prompt's own prefill is
     /// stopped, so the front end ends the request `cancelled` or `timeout` as any other.
@@ -108,6 +131,7 @@ impl Assistant {
                 .json_schema
                 .as_ref()
                 .map(|_| ConstraintOutcome::Incomplete),
+            token_probs: Vec::new(),
         })
     }
 }

@@ -51,6 +51,10 @@ pub struct Turn {
     /// unless the request sets them (JSON repeats its punctuation). [`Reply::constraint`]
     /// says whether the value was completed.
     pub json_schema: Option<Arc<JsonSchema>>,
+    /// Record each generated token's probability ([`Reply::token_probs`]); costs one pass
+    /// over the allowed ids per token, so only a request that scores its answer asks
+    /// (detections, `crate::grounding`).
+    pub token_probs: bool,
 }
 
 impl Turn {
@@ -72,6 +76,7 @@ impl Turn {
             started: Instant::now(),
             keep: false,
             json_schema: None,
+            token_probs: false,
         }
     }
 
@@ -137,6 +142,10 @@ pub struct Reply {
     /// (cut by `max_new_tokens` or the window end) is a failure with the partial text:
     /// `finish_reason` `length`, error `incomplete`. `None` for free text.
     pub constraint: Option<ConstraintOutcome>,
+    /// With [`Turn::token_probs`]: the probability of each generated token, aligned with
+    /// `completion.tokens` (one more, the eos, when the model ended the answer); see
+    /// [`crate::sampler::probability`]. Empty otherwise.
+    pub token_probs: Vec<f32>,
 }
 
 impl Reply {

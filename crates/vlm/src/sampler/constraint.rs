@@ -123,6 +123,37 @@ impl TokenMask {
     }
 }
 
+/// The model's probability of `id` among the ids `mask` allows (all of them without a mask):
+/// the softmax of the raw logits restricted to those ids, at temperature 1. The sampler's
+/// settings (temperature, penalties, bias, top-k/p filters) are not applied: greedy decoding
+/// would make every drawn token certain, which says nothing about the model. 0 for an id the
+/// mask forbids or a row with nothing finite allowed.
+pub fn probability(logits: &[f32], mask: Option<&TokenMask>, id: u32) -> f32 {
+    let Some(&own) = logits.get(id as usize) else {
+        return 0.0;
+    };
+    if mask.is_some_and(|m| !m.allows(id)) || !own.is_finite() {
+        return 0.0;
+    }
+    // Shifted by the drawn logit: exp never overflows for the ids that matter, and the
+    // drawn id contributes exactly 1.
+    let mut sum = 0.0f64;
+    let mut add = |l: f32| {
+        if l.is_finite() {
+            sum += f64::from(l - own).exp();
+        }
+    };
+    match mask {
+        Some(m) => m.iter().for_each(|i| add(logits[i as usize])),
+        None => logits.iter().for_each(|&l| add(l)),
+    }
+    if sum.is_finite() && sum > 0.0 {
+        (1.0 / sum) as f32
+    } else {
+        0.0
+    }
+}
+
 /// A constraint failed (its engine reported an error, or a token it never allowed was fed).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("constrained decoding: {0}")]
@@ -176,5 +207,22 @@ mod tests {
         assert_eq!(out[0], 0.0);
         assert_eq!(out[1], f32::NEG_INFINITY);
         assert_eq!(out[66], 66.0);
+    }
+
+    #[test]
+    fn probability_is_the_softmax_over_the_allowed_ids() {
+        let logits = [0.0f32, (2.0f32).ln(), 5.0, f32::NEG_INFINITY];
+        let mut m = TokenMask::new(4);
+        m.allow(0);
+        m.allow(1);
+        m.allow(3);
+        assert!((probability(&logits, Some(&m), 1) - 2.0 / 3.0).abs() < 1e-6);
+        assert!((probability(&logits, Some(&m), 0) - 1.0 / 3.0).abs() < 1e-6);
+        assert_eq!(probability(&logits, Some(&m), 2), 0.0);
+        assert_eq!(probability(&logits, Some(&m), 3), 0.0);
+        let all = probability(&logits, None, 2);
+        let want = 5.0f64.exp() / (1.0 + 2.0 + 5.0f64.exp());
+        assert!((f64::from(all) - want).abs() < 1e-6);
+        assert_eq!(probability(&logits, None, 9), 0.0);
     }
 }

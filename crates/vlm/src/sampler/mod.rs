@@ -17,7 +17,7 @@ mod constraint;
 mod params;
 
 pub use candidates::argmax;
-pub use constraint::{ConstraintError, TokenConstraint, TokenMask};
+pub use constraint::{probability, ConstraintError, TokenConstraint, TokenMask};
 pub use params::{
     SamplerError, SamplingParams, GREEDY_TEMPERATURE, MIN_ADDITIVE_PENALTY, MIN_REPETITION_PENALTY,
 };
