@@ -34,11 +34,12 @@ use crate::model;
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
-use crate::request::ask;
 use crate::request::ask_action::{self, AskActionServer};
 use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
+use crate::request::servers::Services;
 use crate::request::structured;
+use crate::request::{ask, detect};
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::names::NODE_NAME;
@@ -446,13 +447,6 @@ async fn wait_loaded(
     }
 }
 
-/// The request servers, once the model is loaded.
-#[derive(Default)]
-struct Services {
-    ask: Option<AskServer>,
-    action: Option<AskActionServer>,
-}
-
 /// Once the model is loaded: creates `/ask` and the action (only now, so a client that sees
 /// them can be answered) and serves until `shutdown` or a runtime failure. Otherwise says
 /// why the node stops. `Err`: the servers could not be created, and the node stops at once.
@@ -522,6 +516,12 @@ async fn create_services(
         ask_ctx.clone(),
         action_result_timeout,
     ));
+    let detect = detect::start(ops, ask_ctx, action_result_timeout).await;
+    let (service, action) = ros(
+        || "create /detect".into(),
+        detect.ok_or(NodeError::SpinGone)?,
+    )?;
+    (services.detect, services.detect_action) = (Some(service), Some(action));
     Ok(())
 }
 
@@ -567,12 +567,7 @@ impl Stopping {
             .map_err(|_| NodeError::Panicked(WORKER_THREAD))
             .and_then(|r| r.map_err(|_| NodeError::Panicked(WORKER_THREAD)));
         // Every job is answered or dropped now, so each /ask task can send its response.
-        if let Some(server) = self.services.ask {
-            server.finish().await;
-        }
-        if let Some(server) = self.services.action {
-            server.finish().await;
-        }
+        self.services.finish().await;
         // Every final Token, Answer and response has been handed to DDS (publish and respond
         // return once the middleware has the sample); the node goes only after that.
         let spin = self.spin;

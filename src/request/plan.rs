@@ -256,6 +256,7 @@ fn finish(
         images,
         session_id: Some(session_id).filter(|s| !s.is_empty()),
         max_image_age: fresh.max_age,
+        detect: None,
     })
 }
 

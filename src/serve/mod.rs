@@ -6,6 +6,8 @@
 //! (`stats`).
 
 pub(crate) mod deliver;
+pub(crate) mod detect_feedback;
+pub(crate) mod detections;
 pub mod failure;
 pub mod job;
 pub(crate) mod outcome;
