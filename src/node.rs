@@ -39,7 +39,7 @@ use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
 use crate::request::servers::Services;
 use crate::request::structured;
-use crate::request::{ask, detect};
+use crate::request::{ask, detect_action};
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::names::NODE_NAME;
@@ -516,7 +516,7 @@ async fn create_services(
         ask_ctx.clone(),
         action_result_timeout,
     ));
-    let detect = detect::start(ops, ask_ctx, action_result_timeout).await;
+    let detect = detect_action::start(ops, ask_ctx, action_result_timeout).await;
     let (service, action) = ros(
         || "create /detect".into(),
         detect.ok_or(NodeError::SpinGone)?,

@@ -7,11 +7,10 @@
 //! `vlm/annotated` while that topic has a subscriber.
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use r2r::sensor_msgs::msg::Image;
 use r2r::vision_msgs::msg::{Detection2D, Detection2DArray};
-use r2r::{Publisher, QosProfile};
+use r2r::Publisher;
 use vlm::grounding::{self, DetectSpec, Detection, Kind, ObjectScanner, TokenScores};
 use vlm::vision::RgbImage;
 
@@ -19,14 +18,9 @@ use crate::interface::ErrorCode;
 use crate::msgs::srv::{Ask, Detect};
 use crate::process::panics::contained_async;
 use crate::request::ask::{handle_planned, GoalHooks};
-use crate::request::ask_action::{AskActionServer, Entities};
-use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
-use crate::request::detect_action::DetectKind;
-use crate::ros::qos::{answers_qos, requests_qos};
-use crate::ros::spin::NodeOps;
 use crate::serve::detect_feedback::to_array;
-use crate::serve::detections::{DetectTap, TapOut};
+use crate::serve::detect_tap::{DetectTap, TapOut};
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 
@@ -256,37 +250,3 @@ pub(crate) const ACTION: &str = "vlm/detect";
 pub(crate) const DETECTIONS_TOPIC: &str = "vlm/detections";
 /// The frame with the detections drawn, while it has a subscriber.
 pub(crate) const ANNOTATED_TOPIC: &str = "vlm/annotated";
-
-/// Creates `/detect`, the `vlm/detect` action and the topics on the spin thread and starts
-/// serving them; `None` when the spin thread is gone.
-pub(crate) async fn start(
-    ops: &NodeOps,
-    ctx: &Arc<AskContext>,
-    result_timeout: Duration,
-) -> Option<r2r::Result<(AskServer, AskActionServer)>> {
-    let created = ops
-        .call_draining(move |n, d| -> r2r::Result<_> {
-            let service = n.create_service::<Detect::Service>(SERVICE, requests_qos())?;
-            let outputs = DetectOutputs {
-                detections: Mutex::new(n.create_publisher(DETECTIONS_TOPIC, answers_qos())?),
-                // A frame is large: a late reader wants the newest, not a backlog.
-                annotated: Mutex::new(
-                    n.create_publisher(ANNOTATED_TOPIC, QosProfile::default().keep_last(2))?,
-                ),
-            };
-            let entities = Entities::<DetectKind>::create(n, d, ACTION)?;
-            Ok((d.relay(service), outputs, entities))
-        })
-        .await?;
-    let ctx = ctx.clone();
-    Some(created.map(|(service, outputs, entities)| {
-        let outputs = Arc::new(outputs);
-        let kind = DetectKind {
-            outputs: outputs.clone(),
-        };
-        let action = AskActionServer::start_kind(kind, entities, ctx.clone(), result_timeout);
-        let service =
-            AskServer::start_with(service, move |r| answer(r, ctx.clone(), outputs.clone()));
-        (service, action)
-    }))
-}

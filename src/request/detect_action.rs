@@ -8,11 +8,12 @@
 //! compile.
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use r2r::builtin_interfaces::msg::Time;
 use r2r::unique_identifier_msgs::msg::UUID;
-use r2r::Publisher;
+use r2r::{Publisher, QosProfile};
 use vlm::grounding::Kind;
 
 use crate::interface::ErrorCode;
@@ -21,8 +22,14 @@ use crate::msgs::srv::Detect;
 use crate::process::panics::contained_async;
 use crate::request::ask::GoalHooks;
 use crate::request::ask_action::kind::{ActionKind, GoalTask};
+use crate::request::ask_action::{AskActionServer, Entities};
+use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
-use crate::request::detect::{handle, DetectOutputs};
+use crate::request::detect::{
+    answer, handle, DetectOutputs, ACTION, ANNOTATED_TOPIC, DETECTIONS_TOPIC, SERVICE,
+};
+use crate::ros::qos::{answers_qos, requests_qos};
+use crate::ros::spin::NodeOps;
 use crate::ros::text::NulCount;
 use crate::serve::detect_feedback::DetectFeedback;
 use crate::serve::failure::Failure;
@@ -177,4 +184,38 @@ impl ActionKind for DetectKind {
     fn failed(failure: Failure, nuls: &NulCount) -> Detect::Response {
         failed_response(failure, nuls)
     }
+}
+
+/// Creates `/detect`, the `vlm/detect` action and the topics on the spin thread and starts
+/// serving them; `None` when the spin thread is gone.
+pub(crate) async fn start(
+    ops: &NodeOps,
+    ctx: &Arc<AskContext>,
+    result_timeout: Duration,
+) -> Option<r2r::Result<(AskServer, AskActionServer)>> {
+    let created = ops
+        .call_draining(move |n, d| -> r2r::Result<_> {
+            let service = n.create_service::<Detect::Service>(SERVICE, requests_qos())?;
+            let outputs = DetectOutputs {
+                detections: Mutex::new(n.create_publisher(DETECTIONS_TOPIC, answers_qos())?),
+                // A frame is large: a late reader wants the newest, not a backlog.
+                annotated: Mutex::new(
+                    n.create_publisher(ANNOTATED_TOPIC, QosProfile::default().keep_last(2))?,
+                ),
+            };
+            let entities = Entities::<DetectKind>::create(n, d, ACTION)?;
+            Ok((d.relay(service), outputs, entities))
+        })
+        .await?;
+    let ctx = ctx.clone();
+    Some(created.map(|(service, outputs, entities)| {
+        let outputs = Arc::new(outputs);
+        let kind = DetectKind {
+            outputs: outputs.clone(),
+        };
+        let action = AskActionServer::start_kind(kind, entities, ctx.clone(), result_timeout);
+        let service =
+            AskServer::start_with(service, move |r| answer(r, ctx.clone(), outputs.clone()));
+        (service, action)
+    }))
 }

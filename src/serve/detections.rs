@@ -2,46 +2,17 @@
 //! answer's token budget is checked against the window before anything runs, so an answer
 //! is never cut short by the window's end, and the parts of the reply the response cannot
 //! carry — the token probabilities behind each label's score and, while `vlm/annotated` has
-//! a subscriber, the frame in RGB to draw on — are handed back through [`DetectTap`].
-
-use std::sync::{Arc, Mutex};
+//! a subscriber, the frame in RGB to draw on — are handed back through
+//! [`crate::serve::detect_tap::DetectTap`].
 
 use vlm::assistant::{Assistant, Reply, Turn};
 use vlm::engine::ImageInput;
-use vlm::grounding::{fit_budget, DetectSpec, TokenScores};
+use vlm::grounding::{fit_budget, TokenScores};
 use vlm::vision::RgbImage;
 
 use crate::interface::ErrorCode;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Images, JobPlan};
-
-/// A detect request's link to the worker: what it asks for, and where the worker leaves
-/// what the request reads once its response is in.
-pub(crate) struct DetectTap {
-    pub spec: DetectSpec,
-    /// Keep the frame in RGB for the annotated image (only while someone subscribes).
-    pub keep_rgb: bool,
-    pub out: Arc<Mutex<TapOut>>,
-}
-
-/// What the worker leaves for the request.
-#[derive(Default)]
-pub(crate) struct TapOut {
-    /// Byte spans and probabilities of the answer's tokens; `None` before an answer.
-    pub scores: Option<TokenScores>,
-    /// The frame the model saw, as it arrived (before the tower's resize), in RGB.
-    pub rgb: Option<RgbImage>,
-}
-
-impl DetectTap {
-    pub(crate) fn new(spec: DetectSpec, keep_rgb: bool) -> Self {
-        Self {
-            spec,
-            keep_rgb,
-            out: Arc::default(),
-        }
-    }
-}
 
 /// Refuses (`context_overflow`) a detect whose full answer would not fit the window after its
 /// prompt. A pre-filled frame is counted as the image it stands for: the same rows.

@@ -177,7 +177,7 @@ pub struct JobPlan {
     /// The ask's `max_image_age_s` (`None` = no limit): a primed frame must be within it.
     pub max_image_age: Option<std::time::Duration>,
     /// A detect request's link to the worker (`crate::serve::detections`); `None` for an ask.
-    pub(crate) detect: Option<crate::serve::detections::DetectTap>,
+    pub(crate) detect: Option<crate::serve::detect_tap::DetectTap>,
 }
 
 /// An admitted request, ready for the worker. Its cancel flag, deadline and arrival time

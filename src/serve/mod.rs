@@ -7,6 +7,7 @@
 
 pub(crate) mod deliver;
 pub(crate) mod detect_feedback;
+pub(crate) mod detect_tap;
 pub(crate) mod detections;
 pub mod failure;
 pub mod job;
