@@ -129,7 +129,7 @@ need_root_apt() { # need_root_apt PKG...: installs the Debian packages that are 
 # the same user-visible features (Advanced SIMD, FP16, dot product, LSE, RCpc; no SVE), so
 # run-time feature detection sees what it sees on the board.
 AARCH64_TARGET=aarch64-unknown-linux-gnu
-AARCH64_CRATES=(hbdnn-sys hbdnn bllm-manifest bpu-sim qwen35 vlm vlm-bpu vlm-cli camera-frame)
+AARCH64_CRATES=(hbdnn-sys hbdnn bllm-manifest bpu-sim qwen35 vlm vlm-bpu vlm-cli camera-frame annotate)
 AARCH64_QEMU_CPU=cortex-a76
 aarch64_phase() ( # a subshell: the cross-build environment stays inside this phase
   set -euo pipefail

@@ -155,9 +155,9 @@ impl Canvas<'_> {
             return;
         }
         let i = (y as usize * self.width + x as usize) * 3;
-        for k in 0..3 {
-            let old = f32::from(self.rgb[i + k]);
-            self.rgb[i + k] = (old + (f32::from(c[k]) - old) * a.clamp(0.0, 1.0)).round() as u8;
+        for (dst, &src) in self.rgb[i..i + 3].iter_mut().zip(&c) {
+            let old = f32::from(*dst);
+            *dst = (old + (f32::from(src) - old) * a.clamp(0.0, 1.0)).round() as u8;
         }
     }
 

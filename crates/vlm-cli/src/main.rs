@@ -1,5 +1,5 @@
 //! `vlm`: the command-line front end of the runtime. Subcommands: `chat`, `check`, `bench`,
-//! `generate`, `make-sim-package`, `probe`. Results go to stdout; logs go to stderr through
+//! `detect`, `generate`, `make-sim-package`, `probe`. Results go to stdout; logs go to stderr through
 //! `tracing` (filter from `RUST_LOG`, default `warn`).
 #![forbid(unsafe_code)]
 

@@ -22,10 +22,7 @@ pub fn generate_greedy<B: Backend>(
     images: &[ImageInput],
     cfg: StreamConfig,
 ) -> Generation {
-    let keep = DecodeOptions {
-        keep_logits: true,
-        ..DecodeOptions::default()
-    };
+    let keep = DecodeOptions { keep_logits: true };
     e.generate(prompt, images, &mut greedy(), cfg, keep, &mut |_| {})
         .unwrap()
 }
@@ -33,10 +30,7 @@ pub fn generate_greedy<B: Backend>(
 /// [`Engine::decode`] from the current state with the greedy sampler, keeping the logits of
 /// every step.
 pub fn decode_greedy<B: Backend>(e: &mut Engine<B>, cfg: StreamConfig) -> Generation {
-    let keep = DecodeOptions {
-        keep_logits: true,
-        ..DecodeOptions::default()
-    };
+    let keep = DecodeOptions { keep_logits: true };
     e.decode(&mut greedy(), cfg, keep, &mut |_| {}).unwrap()
 }
 

@@ -395,13 +395,10 @@ impl Assistant {
         // From here the backend's state is this turn's, whatever happens.
         self.states.touched();
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        sampler.record_probabilities(turn.token_probs);
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         self.images_encoded += new.images.len() as u64;
-        let opts = DecodeOptions {
-            token_probs: turn.token_probs,
-            ..DecodeOptions::default()
-        };
         let mut gen = match &turn.json_schema {
             Some(schema) => {
                 let mut constraint = schema.constraint(&stream.eos);
@@ -411,14 +408,17 @@ impl Assistant {
                     &mut sampler,
                     &mut constraint,
                     stream,
-                    opts,
                     on_event,
                 )?
             }
-            None => {
-                self.engine
-                    .generate(&prompt, &new.images, &mut sampler, stream, opts, on_event)?
-            }
+            None => self.engine.generate(
+                &prompt,
+                &new.images,
+                &mut sampler,
+                stream,
+                DecodeOptions::default(),
+                on_event,
+            )?,
         };
         gen.completion.timings.prompt_tokens += prefix_rows;
         let conversation =
@@ -428,7 +428,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
-            token_probs: gen.token_probs,
+            token_probs: sampler.take_probabilities(),
         })
     }
 

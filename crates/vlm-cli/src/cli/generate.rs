@@ -174,10 +174,7 @@ fn run_package(dir: &Path, args: &GenerateArgs) -> anyhow::Result<Greedy> {
         &images,
         &mut sampler,
         stream,
-        DecodeOptions {
-            keep_logits: true,
-            ..DecodeOptions::default()
-        },
+        DecodeOptions { keep_logits: true },
         &mut |_| {},
     )?;
     tracing::info!(

@@ -4,6 +4,7 @@ mod bench;
 mod bpu_flags;
 mod chat;
 mod check;
+mod detect;
 mod generate;
 mod make_sim_package;
 mod probe;
@@ -30,6 +31,9 @@ pub enum Command {
     Check(check::CheckArgs),
     /// Load time, text and image TTFT, decode tok/s (medians over repeats); host overhead.
     Bench(bench::BenchArgs),
+    /// Where is it: the objects a query names, in pixels of the image (boxes or points),
+    /// optionally drawn onto it.
+    Detect(detect::DetectArgs),
     /// Greedy generation from token ids (and images for the image slots of the prompt).
     Generate(generate::GenerateArgs),
     /// Turn an HF Qwen3.5 checkpoint into a package whose graphs run on the BPU simulator.
@@ -44,6 +48,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Chat(args) => chat::run(&args),
         Command::Check(args) => check::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Detect(args) => detect::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::MakeSimPackage(args) => make_sim_package::run(&args),
         Command::Probe(args) => probe::run(&args),

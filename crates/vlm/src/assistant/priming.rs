@@ -314,6 +314,7 @@ impl Assistant {
             ));
         }
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
+        sampler.record_probabilities(turn.token_probs);
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         let lead = Lead {
@@ -329,10 +330,6 @@ impl Assistant {
                 .as_mut()
                 .map(|c| c as &mut dyn crate::sampler::TokenConstraint),
             stream,
-            crate::engine::DecodeOptions {
-                token_probs: turn.token_probs,
-                ..Default::default()
-            },
             on_event,
         )?;
         gen.completion.timings.prompt_tokens += frame.rows;
@@ -344,7 +341,7 @@ impl Assistant {
             conversation,
             seed,
             constraint: gen.constraint,
-            token_probs: gen.token_probs,
+            token_probs: sampler.take_probabilities(),
         })
     }
 }

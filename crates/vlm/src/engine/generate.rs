@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokenizers::Tokenizer;
 
 use crate::chat::{ImageSlot, Pos3, Prompt, Segment};
-use crate::sampler::{probability, Sampler, TokenConstraint, TokenMask};
+use crate::sampler::{Sampler, TokenConstraint, TokenMask};
 use crate::stream::{Action, Completion, Event, FinishReason, StreamConfig, TokenStream};
 use crate::vision::{preprocess, PixelValues, RgbImage};
 
@@ -48,10 +48,6 @@ pub struct Generation {
     /// Raw logits that chose each sampled token (eos and a stop token included), when
     /// [`DecodeOptions::keep_logits`] was set; empty otherwise.
     pub step_logits: Vec<Vec<f32>>,
-    /// The probability of each sampled token (eos and a stop token included), when
-    /// [`DecodeOptions::token_probs`] was set; empty otherwise. See
-    /// [`crate::sampler::probability`] for what it is.
-    pub token_probs: Vec<f32>,
     /// How a constrained answer ended; `None` for free text.
     pub constraint: Option<ConstraintOutcome>,
 }
@@ -85,10 +81,6 @@ struct Pick<'a> {
 pub struct DecodeOptions {
     /// Keep each step's logits (`generate --json`, tests); costs `vocab × 4` bytes per token.
     pub keep_logits: bool,
-    /// Record each sampled token's probability ([`Generation::token_probs`]): one pass over
-    /// the allowed ids of the row per token, so only a request that uses it asks (the
-    /// grounding scores, `crate::grounding`).
-    pub token_probs: bool,
 }
 
 /// Builds a [`Prompt`] from raw token ids in the HF form, where each maximal run of `pad`
@@ -348,13 +340,13 @@ impl<B: Backend> Engine<B> {
         sampler: &mut Sampler,
         constraint: &mut dyn TokenConstraint,
         stream: StreamConfig,
-        opts: DecodeOptions,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Generation, EngineError> {
         let pick = Pick {
             sampler,
             constraint: Some(constraint),
         };
+        let opts = DecodeOptions::default();
         let input = Input {
             lead: Lead::default(),
             prompt,
@@ -372,13 +364,13 @@ impl<B: Backend> Engine<B> {
         sampler: &'a mut Sampler,
         constraint: Option<&'a mut dyn TokenConstraint>,
         stream: StreamConfig,
-        opts: DecodeOptions,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Generation, EngineError> {
         let pick = Pick {
             sampler,
             constraint,
         };
+        let opts = DecodeOptions::default();
         let input = Input {
             lead,
             prompt,
@@ -409,7 +401,6 @@ impl<B: Backend> Engine<B> {
             return Ok(Generation {
                 completion,
                 step_logits: Vec::new(),
-                token_probs: Vec::new(),
                 constraint: pick.constraint.map(|_| ConstraintOutcome::Incomplete),
             });
         }
@@ -460,7 +451,6 @@ impl<B: Backend> Engine<B> {
             mut constraint,
         } = pick;
         let mut step_logits = Vec::new();
-        let mut token_probs = Vec::new();
         let mut row = Vec::with_capacity(self.backend.info().hidden);
         let mut mask = constraint
             .as_ref()
@@ -487,9 +477,6 @@ impl<B: Backend> Engine<B> {
             };
             if opts.keep_logits {
                 step_logits.push(logits.to_vec());
-            }
-            if opts.token_probs {
-                token_probs.push(probability(logits, mask.as_ref(), tok));
             }
             // The value is complete and nothing may follow it.
             let mut complete = false;
@@ -538,7 +525,6 @@ impl<B: Backend> Engine<B> {
         Ok(Generation {
             completion,
             step_logits,
-            token_probs,
             constraint: outcome,
         })
     }

@@ -151,25 +151,14 @@ impl DetectSpec {
     pub fn schema_text(&self) -> String {
         let n = self.kind.arity();
         let key = self.kind.key();
-        json!({
-            "type": "array",
-            "maxItems": self.max_objects,
-            "items": {
-                "type": "object",
-                "properties": {
-                    key: {
-                        "type": "array",
-                        "items": {"type": "integer", "minimum": 0, "maximum": SCALE},
-                        "minItems": n,
-                        "maxItems": n,
-                    },
-                    "label": {"type": "string", "pattern": LABEL_PATTERN},
-                },
-                "required": [key, "label"],
-                "additionalProperties": false,
-            },
-        })
-        .to_string()
+        // Written out rather than built as a map: the grammar keeps the properties' order,
+        // and the coordinates come first in the format the model was trained on, whether or
+        // not serde_json's `preserve_order` is on in the build.
+        format!(
+            r#"{{"type":"array","maxItems":{max},"items":{{"type":"object","properties":{{"{key}":{{"type":"array","items":{{"type":"integer","minimum":0,"maximum":{SCALE}}},"minItems":{n},"maxItems":{n}}},"label":{{"type":"string","pattern":"{pat}"}}}},"required":["{key}","label"],"additionalProperties":false}}}}"#,
+            max = self.max_objects,
+            pat = LABEL_PATTERN,
+        )
     }
 
     /// Tokens that always hold a complete answer: every token the schema admits carries at
@@ -179,7 +168,8 @@ impl DetectSpec {
     pub fn token_budget(&self) -> usize {
         let label = "x".repeat(LABEL_MAX);
         let numbers = vec![SCALE; self.kind.arity()];
-        let object = json!({ self.kind.key(): numbers, "label": label }).to_string();
+        let numbers = json!(numbers).to_string();
+        let object = format!(r#"{{"{}":{numbers},"label":"{label}"}}"#, self.kind.key());
         // `[` `]`, the objects, a `,` between two, the end token.
         let n = self.max_objects;
         2 + n * object.len() + n.saturating_sub(1) + 1

@@ -47,6 +47,8 @@ pub struct Sampler {
     sel: Vec<f32>,
     /// The row with masked-out logits at `-inf` ([`Sampler::sample_masked`]).
     masked: Vec<f32>,
+    /// The probability of each drawn token, when recording ([`Sampler::record_probabilities`]).
+    drawn_probs: Option<Vec<f32>>,
 }
 
 impl Sampler {
@@ -69,6 +71,7 @@ impl Sampler {
             maxima: Vec::new(),
             sel: Vec::new(),
             masked: Vec::new(),
+            drawn_probs: None,
         })
     }
 
@@ -79,6 +82,24 @@ impl Sampler {
     /// The seed in use (the drawn one when the parameters gave none).
     pub fn seed(&self) -> u64 {
         self.seed
+    }
+
+    /// Records the probability of each token drawn from now on ([`probability`]: the model's
+    /// softmax over the ids the mask allowed, at temperature 1 — not the sampling
+    /// distribution, which greedy decoding makes certain). One pass over the allowed ids per
+    /// token, so only a request that uses them asks (the detection scores,
+    /// `crate::grounding`).
+    pub fn record_probabilities(&mut self, on: bool) {
+        self.drawn_probs = on.then(Vec::new);
+    }
+
+    /// The probabilities recorded so far, one per drawn token in order (eos included); empty
+    /// when not recording. Recording goes on with an empty list.
+    pub fn take_probabilities(&mut self) -> Vec<f32> {
+        self.drawn_probs
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Starts a new generation: empty penalty window, RNG reseeded (a fresh seed when the
@@ -120,6 +141,14 @@ impl Sampler {
     /// top-k, top-p, min-p and locally-typical filtering (each keeping at least
     /// `min_keep`), and a draw from the remaining mass with the seeded ChaCha RNG.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
+        let id = self.sample_row(logits)?;
+        if let Some(v) = self.drawn_probs.as_mut() {
+            v.push(probability(logits, None, id));
+        }
+        Ok(id)
+    }
+
+    fn sample_row(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
         if logits.is_empty() {
             return Err(SamplerError::EmptyLogits);
         }
@@ -274,10 +303,15 @@ impl Sampler {
         }
         let mut row = std::mem::take(&mut self.masked);
         mask.apply(logits, &mut row);
-        let drawn = self.sample(&row);
+        let drawn = self.sample_row(&row);
         self.masked = row;
         match drawn {
-            Ok(id) if mask.allows(id) => Ok(id),
+            Ok(id) if mask.allows(id) => {
+                if let Some(v) = self.drawn_probs.as_mut() {
+                    v.push(probability(logits, Some(mask), id));
+                }
+                Ok(id)
+            }
             // The greedy path takes the first `-inf` of a row with nothing finite left.
             Ok(_) | Err(SamplerError::NothingToSample) => Err(SamplerError::NothingAllowed),
             Err(e) => Err(e),
@@ -406,6 +440,25 @@ mod tests {
 
     fn logits_of(probs: &[f64]) -> Vec<f32> {
         probs.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    #[test]
+    fn drawn_probabilities_are_recorded_on_request() {
+        let logits = logits_of(&[0.1, 0.2, 0.3, 0.4]);
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        s.sample(&logits).unwrap();
+        assert!(s.take_probabilities().is_empty());
+        s.record_probabilities(true);
+        assert_eq!(s.sample(&logits).unwrap(), 3);
+        let mut m = TokenMask::new(4);
+        m.allow(1);
+        m.allow(2);
+        assert_eq!(s.sample_masked(&logits, &m).unwrap(), 2);
+        let p = s.take_probabilities();
+        assert_eq!(p.len(), 2);
+        assert!((p[0] - 0.4).abs() < 1e-6, "{p:?}");
+        assert!((p[1] - 0.6).abs() < 1e-6, "{p:?}");
+        assert!(s.take_probabilities().is_empty());
     }
 
     #[test]
