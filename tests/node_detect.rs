@@ -181,6 +181,41 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
         );
     }
 
+    // vlm/detect: the same result as the service's for the same frame; the feedback grows one
+    // object at a time, each array with the frame's header, ending with the result's boxes.
+    let goal = &rep["goal"];
+    assert_eq!(goal["accepted"], true);
+    assert_eq!(goal["status"], 4, "SUCCEEDED: {goal}");
+    let result = &goal["response"];
+    assert_eq!(result["request_id"], "g-request");
+    assert_eq!(result["text"], rep["request"]["response"]["text"]);
+    assert_eq!(
+        result["detections"], rep["request"]["response"]["detections"],
+        "the action's result is the service's"
+    );
+    let feedback = goal["feedback"].as_array().unwrap();
+    let final_dets = result["detections"]["detections"].as_array().unwrap();
+    assert_eq!(
+        feedback.len(),
+        final_dets.len(),
+        "one feedback per object: {goal}"
+    );
+    for (n, f) in feedback.iter().enumerate() {
+        assert_eq!(f["header"], result["image_header"], "feedback {n}'s header");
+        let dets = f["detections"].as_array().unwrap();
+        assert_eq!(dets.len(), n + 1, "feedback {n}");
+        for (a, b) in dets.iter().zip(final_dets) {
+            assert_eq!(
+                a["bbox"], b["bbox"],
+                "feedback {n}: the boxes as in the result"
+            );
+            assert_eq!(a["header"], b["header"]);
+        }
+    }
+    let refused = &rep["goal_refused"];
+    assert_eq!(refused["status"], 6, "ABORTED: {refused}");
+    assert_eq!(refused["response"]["error_code"], "invalid_request");
+
     for case in ["empty_query", "no_camera"] {
         let resp = &rep[case]["response"];
         assert_eq!(resp["success"], false, "{case}: {resp}");

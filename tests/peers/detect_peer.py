@@ -23,7 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from node_peer import (Peer, check, nv12, peer_arguments, plain, report_and_exit,  # noqa: E402
                        rgb8, with_header)
+from bpu_vlm_msgs.action import Detect as DetectAction  # noqa: E402
 from bpu_vlm_msgs.srv import Detect  # noqa: E402
+from rclpy.action import ActionClient  # noqa: E402
 
 W, H = 640, 480
 
@@ -49,6 +51,41 @@ class Detector:
         p.node.create_subscription(Detection2DArray, '/vlm/detections', self.on_det, qos)
         p.node.create_subscription(Image, '/vlm/annotated', self.on_ann, 4)
         self.client = p.node.create_client(Detect, '/detect')
+        self.action = ActionClient(p.node, DetectAction, '/vlm/detect')
+        self.feedback = []
+        deep = QoSProfile(depth=1024, reliability=ReliabilityPolicy.RELIABLE)
+        p.node.create_subscription(DetectAction.Impl.FeedbackMessage,
+                                   '/vlm/detect/_action/feedback', self.on_feedback, deep)
+
+    def on_feedback(self, m):
+        with self.lock:
+            self.feedback.append((bytes(m.goal_id.uuid), plain(m.feedback.detections)))
+
+    def wait(self, future, what):
+        while not future.done() and time.monotonic() < self.p.deadline:
+            time.sleep(0.01)
+        check(future.done(), f'no {what}')
+        return future.result()
+
+    def goal(self, **fields):
+        """Sends a vlm/detect goal and waits for its result; the feedback the goal got (read
+        from the feedback topic: DDS does not order it with the result, so wait a little)."""
+        check(self.action.wait_for_server(timeout_sec=self.p.left()), 'no vlm/detect server')
+        topic = '/vlm/detect/_action/feedback'
+        while self.p.node.count_publishers(topic) == 0 and time.monotonic() < self.p.deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        g = DetectAction.Goal()
+        for k, v in fields.items():
+            setattr(g, k, v)
+        handle = self.wait(self.action.send_goal_async(g), 'goal response')
+        r = self.wait(handle.get_result_async(), 'goal result')
+        time.sleep(1.0)
+        uuid = bytes(handle.goal_id.uuid)
+        with self.lock:
+            fb = [d for u, d in self.feedback if u == uuid]
+        return {'accepted': handle.accepted, 'status': r.status, 'response': plain(r.result),
+                'feedback': fb}
 
     def on_det(self, m):
         with self.lock:
@@ -160,6 +197,12 @@ def run(p, a):
     r['sent'] = sent
     r.pop('annotated_rgb', None)
     rep['nv12'] = r
+
+    # The action: feedback grows an object at a time; the result is the service's.
+    r = d.goal(request_id='g-request', images=[req_img], **query)
+    r.pop('annotated_rgb', None)
+    rep['goal'] = r
+    rep['goal_refused'] = d.goal(request_id='g-empty', query='', images=[req_img])
 
     # Points, and the refusals a detect has of its own.
     r = d.detect(request_id='d-points', images=[req_img], points=True, **query)
