@@ -227,3 +227,65 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
     }
     Ok(())
 }
+
+/// The issue's fixture: a model held to `[{"bbox_2d":[100,200,300,400],"label":"cup"}]`
+/// (debug builds' `VLM_NODE_TEST_DETECT_ANSWER`) finds the box (64, 96)–(192, 192) on a 640×480
+/// frame, whichever way the frame came: x·640/1000 and y·480/1000, each axis on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_answer_gives_the_known_box_on_every_kind_of_frame() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    env.push((
+        "VLM_NODE_TEST_DETECT_ANSWER",
+        r#"[{"bbox_2d":[100,200,300,400],"label":"cup"}]"#.to_owned(),
+    ));
+    let node = start_demo_node(
+        &d,
+        &[
+            ("image_topics", "['/cam', '/cam_nv12']"),
+            ("compressed_image_topics", "['/cam_compressed']"),
+            ("max_camera_silence_s", "0.0"),
+            ("max_image_age_s", "0.0"),
+        ],
+        &env,
+    )?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/detect_peer.py",
+            &["--held"],
+            Duration::from_secs(300),
+        )
+        .await?;
+    for case in ["request", "raw", "compressed", "nv12"] {
+        let resp = &rep[case]["response"];
+        assert_eq!(resp["success"], true, "{case}: {resp}");
+        let dets = resp["detections"]["detections"].as_array().unwrap();
+        assert_eq!(dets.len(), 1, "{case}: {resp}");
+        let b = &dets[0]["bbox"];
+        let (cx, cy) = (
+            num(&b["center"]["position"]["x"]),
+            num(&b["center"]["position"]["y"]),
+        );
+        let (sx, sy) = (num(&b["size_x"]), num(&b["size_y"]));
+        let corners = [cx - sx / 2.0, cy - sy / 2.0, cx + sx / 2.0, cy + sy / 2.0];
+        assert_eq!(corners, [64.0, 96.0, 192.0, 192.0], "{case}");
+        assert_eq!(
+            dets[0]["results"][0]["hypothesis"]["class_id"], "cup",
+            "{case}"
+        );
+        assert_eq!(&dets[0]["header"], &resp["image_header"], "{case}");
+    }
+    // The drawn box: its left edge at x = 64, on its middle row, in the first colour.
+    let e = &rep["request"]["edge"];
+    assert_eq!(
+        (e["x"].as_u64(), e["y"].as_u64()),
+        (Some(64), Some(144)),
+        "{e}"
+    );
+    let drawn: [u8; 3] = serde_json::from_value(e["drawn"].clone())?;
+    assert_eq!(drawn, annotate::PALETTE[0], "{e}");
+    Ok(())
+}

@@ -152,15 +152,8 @@ def edge_pixels(rep, source):
     rep['edge'] = {'x': x, 'y': y, 'drawn': ann[y, x].tolist(), 'source': source[y, x].tolist()}
 
 
-def run(p, a):
-    p.wait_ask()
-    d = Detector(p)
-    check(d.client.wait_for_service(timeout_sec=p.left()), 'no /detect service')
-    d.wait_annotated_subscribed()
-    rgb = frame()
-    rep = {'width': W, 'height': H}
-    query = dict(query='boxes and blocks', max_objects=a.max_objects)
-
+def four_ways(d, p, rgb, query, rep):
+    """The frame as a request image and on the raw, compressed and NV12 cameras."""
     # A request image: the reference frame exactly.
     req_img = with_header(rgb8(rgb), 'req_frame', 11, 22)
     r = d.detect(request_id='d-request', images=[req_img], **query)
@@ -197,6 +190,20 @@ def run(p, a):
     r['sent'] = sent
     r.pop('annotated_rgb', None)
     rep['nv12'] = r
+    return req_img
+
+
+def run(p, a):
+    p.wait_ask()
+    d = Detector(p)
+    check(d.client.wait_for_service(timeout_sec=p.left()), 'no /detect service')
+    d.wait_annotated_subscribed()
+    rgb = frame()
+    rep = {'width': W, 'height': H}
+    query = dict(query='boxes and blocks', max_objects=a.max_objects)
+    req_img = four_ways(d, p, rgb, query, rep)
+    if a.held:
+        return rep
 
     # The action: feedback grows an object at a time; the result is the service's.
     r = d.goal(request_id='g-request', images=[req_img], **query)
@@ -218,6 +225,8 @@ def run(p, a):
 def main():
     ap = peer_arguments()
     ap.add_argument('--max-objects', type=int, default=3)
+    ap.add_argument('--held', action='store_true',
+                    help='the node holds every answer to one value: only the four frames')
     ap.add_argument('--timeout', type=float, default=280.0)
     a = ap.parse_args()
     import rclpy
