@@ -217,6 +217,13 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
     assert_eq!(refused["status"], 6, "ABORTED: {refused}");
     assert_eq!(refused["response"]["error_code"], "invalid_request");
 
+    // Out of time: Ask's error code, and whatever closed before the stop (here: nothing).
+    let late = &rep["timeout"]["response"];
+    assert_eq!(late["success"], false, "{late}");
+    assert_eq!(late["error_code"], "timeout", "{late}");
+    assert_eq!(late["request_id"], "d-timeout");
+    assert_eq!(late["detections"]["header"], late["image_header"], "{late}");
+
     for case in ["empty_query", "no_camera"] {
         let resp = &rep[case]["response"];
         assert_eq!(resp["success"], false, "{case}: {resp}");

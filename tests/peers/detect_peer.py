@@ -217,6 +217,9 @@ def run(p, a):
     rep['points'] = r
     rep['empty_query'] = d.detect(request_id='d-empty', query=' ', images=[req_img])
     rep['empty_query'].pop('annotated_rgb', None)
+    r = d.detect(request_id='d-timeout', images=[req_img], timeout_s=0.001, **query)
+    r.pop('annotated_rgb', None)
+    rep['timeout'] = r
     rep['no_camera'] = d.detect(request_id='d-none', query='cups', camera='none')
     rep['no_camera'].pop('annotated_rgb', None)
     return rep
