@@ -25,8 +25,8 @@ use crate::serve::detect_tap::{DetectTap, TapOut};
 use crate::serve::failure::Failure;
 use crate::serve::outcome::refused;
 
-/// The topics every detect result goes to.
-/// In locks: a publisher may be sent between threads but not shared.
+/// The topics every detect result goes to, each publisher behind a lock: an r2r publisher
+/// may be sent between threads but not shared.
 pub(crate) struct DetectOutputs {
     pub detections: Mutex<Publisher<Detection2DArray>>,
     pub annotated: Mutex<Publisher<Image>>,
@@ -111,8 +111,7 @@ pub(crate) async fn handle(
             return response(refused(id, f, &nuls), Vec::new());
         }
     };
-    let TapOut { scores, rgb } =
-        std::mem::take(&mut *out.lock().unwrap_or_else(|e| e.into_inner()));
+    let TapOut { scores, rgb } = std::mem::take(&mut *lock(&out));
     let (answer, found) = found(answer, spec.kind, scores.as_ref());
     let resp = response(answer, found);
     if !resp.image_source.is_empty() {
