@@ -213,6 +213,48 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
             assert_eq!(a["header"], b["header"]);
         }
     }
+    // Cancelled after its first object: CANCELED with the objects closed so far (the answer
+    // may also have ended before the cancel arrived: SUCCEEDED then).
+    let cancelled = &rep["goal_cancelled"];
+    let result = &cancelled["response"];
+    let dets = result["detections"]["detections"].as_array().unwrap();
+    eprintln!(
+        "cancelled goal: status {}, {} objects, {}",
+        cancelled["status"],
+        dets.len(),
+        result["text"]
+    );
+    match cancelled["status"].as_i64() {
+        Some(5) => {
+            assert_eq!(result["success"], false, "{result}");
+            assert_eq!(result["error_code"], "cancelled", "{result}");
+            assert!(
+                !dets.is_empty(),
+                "the first object closed before the cancel: {cancelled}"
+            );
+            assert_eq!(result["detections"]["header"], result["image_header"]);
+            let last = cancelled["feedback"].as_array().unwrap().last().unwrap();
+            let fed = last["detections"].as_array().unwrap();
+            assert!(fed.len() <= dets.len(), "{cancelled}");
+            for (a, b) in fed.iter().zip(dets) {
+                assert_eq!(
+                    a["bbox"], b["bbox"],
+                    "the partial result keeps the fed boxes"
+                );
+            }
+        }
+        Some(4) => assert_eq!(result["success"], true, "{result}"),
+        other => panic!("cancelled goal ended with status {other:?}: {cancelled}"),
+    }
+
+    // An answer that could not fit the window is refused before anything runs.
+    let overflow = &rep["goal_overflow"];
+    assert_eq!(overflow["status"], 6, "ABORTED: {overflow}");
+    let result = &overflow["response"];
+    assert_eq!(result["error_code"], "context_overflow", "{result}");
+    assert_eq!(result["text"], "", "{result}");
+    assert_eq!(overflow["feedback"], serde_json::json!([]));
+
     let refused = &rep["goal_refused"];
     assert_eq!(refused["status"], 6, "ABORTED: {refused}");
     assert_eq!(refused["response"]["error_code"], "invalid_request");

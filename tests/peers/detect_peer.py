@@ -67,6 +67,26 @@ class Detector:
         check(future.done(), f'no {what}')
         return future.result()
 
+    def goal_cancelled(self, **fields):
+        """Sends a goal and cancels it once its first feedback (first object) arrived."""
+        g = DetectAction.Goal()
+        for k, v in fields.items():
+            setattr(g, k, v)
+        handle = self.wait(self.action.send_goal_async(g), 'goal response')
+        uuid = bytes(handle.goal_id.uuid)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            with self.lock:
+                if any(u == uuid for u, _ in self.feedback):
+                    break
+            time.sleep(0.005)
+        self.wait(handle.cancel_goal_async(), 'cancel response')
+        r = self.wait(handle.get_result_async(), 'goal result')
+        time.sleep(1.0)
+        with self.lock:
+            fb = [d for u, d in self.feedback if u == uuid]
+        return {'status': r.status, 'response': plain(r.result), 'feedback': fb}
+
     def goal(self, **fields):
         """Sends a vlm/detect goal and waits for its result; the feedback the goal got (read
         from the feedback topic: DDS does not order it with the result, so wait a little)."""
@@ -209,6 +229,11 @@ def run(p, a):
     r = d.goal(request_id='g-request', images=[req_img], **query)
     r.pop('annotated_rgb', None)
     rep['goal'] = r
+    # The demo model's window (1024) holds the answer of 10 objects after the prompt, not 16.
+    rep['goal_cancelled'] = d.goal_cancelled(request_id='g-cancel', images=[req_img],
+                                             query='everything', max_objects=10)
+    rep['goal_overflow'] = d.goal(request_id='g-overflow', images=[req_img],
+                                  query='everything', max_objects=16)
     rep['goal_refused'] = d.goal(request_id='g-empty', query='', images=[req_img])
 
     # Points, and the refusals a detect has of its own.
