@@ -205,8 +205,7 @@ impl Engine {
                     ask_priority: p.bpu_priority,
                     serving: self.serving.clone(),
                     scene_check: p.scene_check,
-                    settle: Duration::try_from_secs_f64(p.scene_settle_s)
-                        .unwrap_or(Duration::MAX),
+                    settle: Duration::try_from_secs_f64(p.scene_settle_s).unwrap_or(Duration::MAX),
                 }),
         };
         let outputs = {

@@ -36,11 +36,12 @@ use crate::managed::{Engine, WorkerOutputs, WORKER_THREAD};
 use crate::msgs::msg::{Answer, Token};
 use crate::msgs::srv::{Ask, Cancel};
 use crate::process::fatal::{self, EXIT_CONFIG, EXIT_RUNTIME};
-use crate::request::ask;
 use crate::request::ask_action::{self, AskActionServer};
 use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
+use crate::request::servers::Services;
 use crate::request::structured;
+use crate::request::{ask, detect_action};
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::lifecycle::{self, Lifecycle, Protocol};
@@ -381,13 +382,6 @@ fn subscribe_cameras(
     Ok(Some(cache))
 }
 
-/// The request servers, once the model is loaded.
-#[derive(Default)]
-struct Services {
-    ask: Option<AskServer>,
-    action: Option<AskActionServer>,
-}
-
 /// With `autostart`, configures and activates (as a manager would; a failure stops the node
 /// as before there were lifecycle states); then creates `/ask` and the action (only once the
 /// model is loaded, so a client that sees them can be answered, or at once without
@@ -480,6 +474,12 @@ async fn create_services(
         ask_ctx.clone(),
         action_result_timeout,
     ));
+    let detect = detect_action::start(ops, ask_ctx, action_result_timeout).await;
+    let (service, action) = ros(
+        || "create /detect".into(),
+        detect.ok_or(NodeError::SpinGone)?,
+    )?;
+    (services.detect, services.detect_action) = (Some(service), Some(action));
     Ok(())
 }
 
@@ -515,12 +515,7 @@ impl Stopping {
             .await
             .map_err(|()| NodeError::Panicked(WORKER_THREAD));
         // Every job is answered or dropped now, so each /ask task can send its response.
-        if let Some(server) = self.services.ask {
-            server.finish().await;
-        }
-        if let Some(server) = self.services.action {
-            server.finish().await;
-        }
+        self.services.finish().await;
         // Every final Token, Answer and response has been handed to DDS (publish and respond
         // return once the middleware has the sample); the node goes only after that.
         let spin = self.spin;

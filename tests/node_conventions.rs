@@ -99,6 +99,9 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
         "/robot1/image_raw",
         "/robot1/vlm/ask/_action/feedback",
         "/robot1/vlm/ask/_action/status",
+        "/robot1/vlm/detections",
+        "/robot1/vlm/annotated",
+        "/robot1/vlm/detect/_action/feedback",
     ] {
         assert!(topics.iter().any(|t| t == want), "{want} not in {topics:?}");
     }
@@ -108,6 +111,8 @@ async fn node_under_a_namespace_moves_every_interface_with_it() -> anyhow::Resul
         "/robot1/vlm/ask/_action/send_goal",
         "/robot1/vlm/ask/_action/cancel_goal",
         "/robot1/vlm/ask/_action/get_result",
+        "/robot1/detect",
+        "/robot1/vlm/detect/_action/send_goal",
     ] {
         assert!(
             services.iter().any(|s| s == want),

@@ -31,7 +31,8 @@ cd "$WS"
 # shellcheck disable=SC1091
 source "$R2/setup.bash"
 # Like the board: the ROS installation only; bpu_vlm_msgs must come from this workspace.
-export AMENT_PREFIX_PATH=$R2/venv CMAKE_PREFIX_PATH=$R2/venv
+# The board's distribution has vision_msgs; here the bootstrap's stand-in plays that part.
+export AMENT_PREFIX_PATH=$R2/install/vision_msgs:$R2/venv CMAKE_PREFIX_PATH=$R2/install/vision_msgs:$R2/venv
 unset PYTHONPATH
 # The documented command (README), plus what the PyPI ROS needs here: its Python for
 # rosidl, no tests. The board adds `--release`; a dev build keeps this check quicker.
@@ -52,17 +53,22 @@ for f in \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/msg/Token.msg \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/srv/Ask.srv \
   install/bpu_vlm_msgs/share/bpu_vlm_msgs/action/Ask.action \
+  install/bpu_vlm_msgs/share/bpu_vlm_msgs/srv/Detect.srv \
+  install/bpu_vlm_msgs/share/bpu_vlm_msgs/action/Detect.action \
   install/bpu_vlm_msgs/share/ament_index/resource_index/packages/bpu_vlm_msgs \
   install/bpu_vlm_client/share/ament_index/resource_index/packages/bpu_vlm_client \
   install/bpu_vlm_client/lib/python*/site-packages/bpu_vlm_client/client.py; do
   if [ -e "$f" ]; then echo "  ok  $f"; else echo "  MISSING $f"; fail=1; fi
 done
-# Only these three packages: the crates under crates/ and hbdnn-sys/ stay out of discovery.
+# Only these three packages: the crates under crates/ and hbdnn-sys/ stay out of discovery,
+# and so does the vision_msgs stand-in (tools/vision_msgs/COLCON_IGNORE).
 pkgs=$(colcon list --base-paths src/bpu_vlm src/bpu_vlm/msg src/bpu_vlm/client --names-only | sort | tr '\n' ' ')
 [ "$pkgs" = "bpu_vlm bpu_vlm_client bpu_vlm_msgs " ] ||
   { echo "  colcon found: $pkgs (want: bpu_vlm bpu_vlm_client bpu_vlm_msgs)"; fail=1; }
 pkgs=$(colcon list --base-paths src --names-only | sort | tr '\n' ' ')
 [ "$pkgs" = "bpu_vlm " ] || { echo "  colcon list --base-paths src found: $pkgs (want: bpu_vlm)"; fail=1; }
+pkgs=$(colcon list --base-paths src/bpu_vlm/tools --names-only | tr '\n' ' ')
+[ -z "$pkgs" ] || { echo "  colcon list --base-paths src/bpu_vlm/tools found: $pkgs (want: none)"; fail=1; }
 
 # `ros2 launch` is not installable here: check the installed launch file statically and
 # run the unit test of its node_kwargs (the same checks tests/node.rs runs on the source).

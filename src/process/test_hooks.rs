@@ -66,6 +66,20 @@ pub(crate) fn point(site: Site) {
 #[inline(always)]
 pub(crate) fn point(_site: Site) {}
 
+/// Test-only: with `VLM_NODE_TEST_DETECT_ANSWER=<JSON>` (debug builds), every detect's answer
+/// is held to that value (a schema whose only value it is), so a test knows which boxes even
+/// a random model gives; `None` otherwise, and always in a release build.
+pub(crate) fn held_detect_answer() -> Option<String> {
+    if cfg!(debug_assertions) {
+        std::env::var("VLM_NODE_TEST_DETECT_ANSWER")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| format!(r#"{{"const":{v}}}"#))
+    } else {
+        None
+    }
+}
+
 #[cfg(debug_assertions)]
 mod armed {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -16,7 +16,7 @@ use crate::process::test_hooks::{self, Site};
 use crate::request::context::AskContext;
 use crate::request::plan::plan_admitted;
 use crate::serve::failure::Failure;
-use crate::serve::job::Job;
+use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::refused;
 use crate::serve::registry::{client_id_error, AdmitError, Registry};
 use crate::serve::token_sink::GoalFeedback;
@@ -37,6 +37,18 @@ pub(crate) async fn handle_with(
     req: Ask::Request,
     ctx: Arc<AskContext>,
     hooks: GoalHooks,
+) -> Ask::Response {
+    handle_planned(req, ctx, hooks, |_| {}).await
+}
+
+/// [`handle_with`], where `adjust` completes the planned job before it is queued: a detect
+/// request (`crate::request::detect`) sets its answer's budget and its link to the worker
+/// there, past the checks an ask's own `max_new_tokens` meets.
+pub(crate) async fn handle_planned(
+    req: Ask::Request,
+    ctx: Arc<AskContext>,
+    hooks: GoalHooks,
+    adjust: impl FnOnce(&mut JobPlan),
 ) -> Ask::Response {
     let now = Instant::now();
     let given = !req.request_id.is_empty();
@@ -76,6 +88,7 @@ pub(crate) async fn handle_with(
         }
     };
     plan.turn.cancel = Some(admission.cancel_flag());
+    adjust(&mut plan);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
         id: id.clone(),

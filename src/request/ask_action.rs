@@ -16,6 +16,7 @@
 
 pub(crate) mod fields;
 pub(crate) mod goals;
+pub(crate) mod kind;
 pub(crate) mod pacing;
 
 use std::collections::HashMap;
@@ -32,33 +33,29 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::interface::ErrorCode;
-use crate::msgs::action::Ask as AskAction;
-use crate::msgs::srv::Ask;
-use crate::request::ask::GoalHooks;
-use crate::request::ask_server::answer_contained;
 use crate::request::context::AskContext;
 use crate::ros::log_limit::WarnLimit;
 use crate::ros::spin::Drains;
 use crate::serve::failure::Failure;
-use crate::serve::outcome::refused;
-use crate::serve::token_sink::GoalFeedback;
-use goals::{GoalId, Goals};
+use goals::{GoalId, GoalResult, Goals};
+pub(crate) use kind::AskKind;
+use kind::{ActionKind, GoalTask};
 use pacing::StatusPacer;
 
 /// At most one "action goal rejected" warning per this interval (as for rejected camera
 /// frames): any peer can send malformed goals as fast as it likes.
 const REJECTED_WARN_INTERVAL: Duration = Duration::from_secs(5);
 
-type SendGoal = ServiceRequest<AskAction::SendGoal::Service>;
-type GetResult = ServiceRequest<AskAction::GetResult::Service>;
+type SendGoal<K> = ServiceRequest<<K as ActionKind>::SendGoal>;
+type GetResult<K> = ServiceRequest<<K as ActionKind>::GetResult>;
 type Cancel = ServiceRequest<CancelGoal::Service>;
 
 /// The action's services and topics, created on the node.
-pub(crate) struct Entities {
-    send_goal: BoxStream<'static, SendGoal>,
+pub(crate) struct Entities<K: ActionKind = AskKind> {
+    send_goal: BoxStream<'static, SendGoal<K>>,
     cancel_goal: BoxStream<'static, Cancel>,
-    get_result: BoxStream<'static, GetResult>,
-    feedback: Publisher<AskAction::FeedbackMessage>,
+    get_result: BoxStream<'static, GetResult<K>>,
+    feedback: Publisher<K::Feedback>,
     status: Publisher<GoalStatusArray>,
 }
 
@@ -71,7 +68,7 @@ fn status_qos() -> QosProfile {
         .keep_last(1)
 }
 
-impl Entities {
+impl<K: ActionKind> Entities<K> {
     /// Creates the action `name` (relative names resolve in the node's namespace); its
     /// services' requests are relayed through `drains` (`crate::ros::spin`).
     pub(crate) fn create(
@@ -83,20 +80,13 @@ impl Entities {
         let qos = crate::ros::qos::requests_qos;
         Ok(Self {
             send_goal: drains
-                .relay(
-                    node.create_service::<AskAction::SendGoal::Service>(&sub("send_goal"), qos())?,
-                )
+                .relay(node.create_service::<K::SendGoal>(&sub("send_goal"), qos())?)
                 .boxed(),
             cancel_goal: drains
                 .relay(node.create_service::<CancelGoal::Service>(&sub("cancel_goal"), qos())?)
                 .boxed(),
             get_result: drains
-                .relay(
-                    node.create_service::<AskAction::GetResult::Service>(
-                        &sub("get_result"),
-                        qos(),
-                    )?,
-                )
+                .relay(node.create_service::<K::GetResult>(&sub("get_result"), qos())?)
                 .boxed(),
             // As deep as the tokens topic: a reliable writer with a short history would
             // overwrite deltas a client has not acknowledged yet.
@@ -119,10 +109,26 @@ impl AskActionServer {
         ctx: Arc<AskContext>,
         result_timeout: Duration,
     ) -> Self {
+        Self::start_kind(AskKind, entities, ctx, result_timeout)
+    }
+
+    /// [`AskActionServer::start`] for the action `kind` (`vlm/detect` is served this way).
+    pub(crate) fn start_kind<K: ActionKind>(
+        kind: K,
+        entities: Entities<K>,
+        ctx: Arc<AskContext>,
+        result_timeout: Duration,
+    ) -> Self {
         let (stop, stopped) = oneshot::channel();
         Self {
             stop,
-            handle: tokio::spawn(serve(entities, ctx, result_timeout, stopped)),
+            handle: tokio::spawn(serve(
+                Arc::new(kind),
+                entities,
+                ctx,
+                result_timeout,
+                stopped,
+            )),
         }
     }
 
@@ -139,18 +145,19 @@ impl AskActionServer {
 }
 
 /// One task owns the goal table; each goal runs as its own task on the service's path.
-async fn serve(
-    mut e: Entities,
+async fn serve<K: ActionKind>(
+    kind: Arc<K>,
+    mut e: Entities<K>,
     ctx: Arc<AskContext>,
     result_timeout: Duration,
     mut stopped: oneshot::Receiver<()>,
 ) -> usize {
-    let mut goals = Goals::<GetResult>::new(result_timeout);
+    let mut goals = Goals::<GetResult<K>, K::Result>::new(result_timeout);
     let mut flags: HashMap<GoalId, Arc<AtomicBool>> = HashMap::new();
     // Which goal each task runs: a task that ends without a response (it cannot panic past
     // `answer_contained`, but a JoinError names only the task) still ends its goal.
     let mut tasks: HashMap<tokio::task::Id, GoalId> = HashMap::new();
-    let mut running: JoinSet<Ask::Response> = JoinSet::new();
+    let mut running: JoinSet<K::Response> = JoinSet::new();
     let mut taking = true;
     let mut left = 0;
     let mut pacer = StatusPacer::default();
@@ -176,21 +183,21 @@ async fn serve(
                         tracing::error!(error = %err, "an action goal task ended without a result");
                         let failure =
                             Failure::new(ErrorCode::BackendError, format!("internal error: {err}"));
-                        (err.id(), refused(String::new(), failure, &ctx.nuls))
+                        (err.id(), K::failed(failure, &ctx.nuls))
                     }
                 };
                 if let Some(id) = tasks.remove(&task) {
                     flags.remove(&id);
-                    let result = fields::result(response);
+                    let result = K::result(response);
                     let (status, waiting) = goals.finish(&id, result.clone(), Instant::now());
                     status_changed(&mut pacer, &e.status, &goals);
                     for w in waiting {
-                        respond_result(w, status, result.clone());
+                        respond_result::<K>(w, status, result.clone());
                     }
                 }
             }
             Some(req) = e.send_goal.next(), if taking => {
-                if let Some((id, flag, task)) = accept(req, &mut goals, &mut rejected, &e.feedback, &ctx) {
+                if let Some((id, flag, task)) = accept(&kind, req, &mut goals, &mut rejected, &e.feedback, &ctx) {
                     flags.insert(id, flag);
                     tasks.insert(running.spawn(task).id(), id);
                     status_changed(&mut pacer, &e.status, &goals);
@@ -212,9 +219,9 @@ async fn serve(
                 }
             }
             Some(req) = e.get_result.next() => {
-                let uuid = req.message.goal_id.uuid.clone();
+                let uuid = K::result_uuid(&req.message).to_vec();
                 if let Some((req, status, result)) = goals.get_result(&uuid, req) {
-                    respond_result(req, status, result);
+                    respond_result::<K>(req, status, result);
                 }
             }
             () = sleep_until(expiry), if expiry.is_some() => {
@@ -242,46 +249,35 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-type GoalTask = std::pin::Pin<Box<dyn std::future::Future<Output = Ask::Response> + Send>>;
-
 /// Accepts a goal (a malformed or repeated goal id is the only rejection, warned about
 /// through `rejected`) and returns the task that runs it, with its cancel flag.
-fn accept(
-    mut req: SendGoal,
-    goals: &mut Goals<GetResult>,
+fn accept<K: ActionKind>(
+    kind: &Arc<K>,
+    mut req: SendGoal<K>,
+    goals: &mut Goals<GetResult<K>, K::Result>,
     rejected: &mut WarnLimit,
-    feedback: &Publisher<AskAction::FeedbackMessage>,
+    feedback: &Publisher<K::Feedback>,
     ctx: &Arc<AskContext>,
-) -> Option<(GoalId, Arc<AtomicBool>, GoalTask)> {
-    let msg = std::mem::take(&mut req.message);
+) -> Option<(GoalId, Arc<AtomicBool>, GoalTask<K::Response>)> {
+    let (goal_id, goal) = K::take_goal(&mut req.message);
     let stamp = ctx.clock.now();
-    let accepted = goals.accept(&msg.goal_id.uuid, stamp.clone());
+    let accepted = goals.accept(&goal_id.uuid, stamp.clone());
     if let Err(error) = &accepted {
         if let Some(suppressed) = rejected.allow(Instant::now()) {
             tracing::warn!(%error, suppressed, "action goal rejected");
         }
     }
-    let response = AskAction::SendGoal::Response {
-        accepted: accepted.is_ok(),
-        stamp,
-    };
-    if let Err(error) = req.respond(response) {
+    if let Err(error) = req.respond(K::accepted(accepted.is_ok(), stamp)) {
         tracing::warn!(%error, "could not send a send_goal response");
     }
     let id = accepted.ok()?;
     let flag = Arc::new(AtomicBool::new(false));
-    let hooks = GoalHooks {
-        cancel: Some(flag.clone()),
-        feedback: Some(GoalFeedback::new(feedback.clone(), msg.goal_id)),
-    };
-    let request = fields::request(msg.goal);
-    let ctx = ctx.clone();
-    let task = Box::pin(answer_contained(request, ctx, hooks));
+    let task = kind.run(goal, ctx.clone(), flag.clone(), feedback.clone(), goal_id);
     Some((id, flag, task))
 }
 
-fn respond_result(req: GetResult, status: i8, result: AskAction::Result) {
-    if let Err(error) = req.respond(AskAction::GetResult::Response { status, result }) {
+fn respond_result<K: ActionKind>(req: GetResult<K>, status: i8, result: K::Result) {
+    if let Err(error) = req.respond(K::result_response(status, result)) {
         tracing::warn!(%error, "could not send a get_result response");
     }
 }
@@ -289,19 +285,19 @@ fn respond_result(req: GetResult, status: i8, result: AskAction::Result) {
 /// Notes a change of the status array and sends it now when the pacer allows (else the
 /// loop sends it when due), so in the usual case a goal's status still goes out before its
 /// result.
-fn status_changed(
+fn status_changed<W, R: GoalResult>(
     pacer: &mut StatusPacer,
     publisher: &Publisher<GoalStatusArray>,
-    goals: &Goals<GetResult>,
+    goals: &Goals<W, R>,
 ) {
     pacer.changed(Instant::now());
     publish_if_due(pacer, publisher, goals);
 }
 
-fn publish_if_due(
+fn publish_if_due<W, R: GoalResult>(
     pacer: &mut StatusPacer,
     publisher: &Publisher<GoalStatusArray>,
-    goals: &Goals<GetResult>,
+    goals: &Goals<W, R>,
 ) {
     let now = Instant::now();
     if pacer.is_due(now) {
@@ -310,7 +306,7 @@ fn publish_if_due(
     }
 }
 
-fn publish_status(publisher: &Publisher<GoalStatusArray>, goals: &Goals<GetResult>) {
+fn publish_status<W, R: GoalResult>(publisher: &Publisher<GoalStatusArray>, goals: &Goals<W, R>) {
     if let Err(error) = publisher.publish(&goals.status_array()) {
         tracing::warn!(%error, "could not publish the action status");
     }

@@ -30,10 +30,24 @@ impl AskServer {
         asks: impl futures::Stream<Item = ServiceRequest<Ask::Service>> + Unpin + Send + 'static,
         ctx: Arc<AskContext>,
     ) -> Self {
+        Self::start_with(asks, move |r| answer(r, ctx.clone()))
+    }
+
+    /// Starts taking requests of any service from `requests`, each answered by its own
+    /// `answer` task (`/detect`'s loop is this one).
+    pub(crate) fn start_with<T, F, Fut>(
+        requests: impl futures::Stream<Item = ServiceRequest<T>> + Unpin + Send + 'static,
+        answer: F,
+    ) -> Self
+    where
+        T: r2r::WrappedServiceTypeSupport + 'static,
+        F: Fn(ServiceRequest<T>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let (stop, stopped) = oneshot::channel();
         Self {
             stop,
-            handle: tokio::spawn(serve(asks, ctx, stopped)),
+            handle: tokio::spawn(serve(requests, answer, stopped)),
         }
     }
 
@@ -50,11 +64,15 @@ impl AskServer {
     }
 }
 
-async fn serve(
-    mut asks: impl futures::Stream<Item = ServiceRequest<Ask::Service>> + Unpin,
-    ctx: Arc<AskContext>,
+async fn serve<T, Fut>(
+    mut asks: impl futures::Stream<Item = ServiceRequest<T>> + Unpin,
+    answer: impl Fn(ServiceRequest<T>) -> Fut,
     mut stopped: oneshot::Receiver<()>,
-) -> usize {
+) -> usize
+where
+    T: r2r::WrappedServiceTypeSupport,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut running = JoinSet::new();
     loop {
         tokio::select! {
@@ -64,7 +82,7 @@ async fn serve(
             Some(done) = running.join_next(), if !running.is_empty() => reap(done),
             next = asks.next() => match next {
                 Some(request) => {
-                    running.spawn(answer(request, ctx.clone()));
+                    running.spawn(answer(request));
                 }
                 None => break,
             },

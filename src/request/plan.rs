@@ -257,6 +257,7 @@ fn finish(
         session_id: Some(session_id).filter(|s| !s.is_empty()),
         max_image_age: fresh.max_age,
         scene_checked: None,
+        detect: None,
     })
 }
 

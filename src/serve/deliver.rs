@@ -17,7 +17,8 @@ use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::{Generated, Outcome};
 use crate::serve::sessions::Sessions;
 use crate::serve::stats::{update, SharedStats};
-use crate::serve::token_sink::TokenSink;
+use crate::serve::token_sink::{GoalFeedback, TokenSink};
+use r2r::std_msgs::msg::Header;
 
 /// Publishers the worker streams into.
 pub(crate) struct Outputs {
@@ -60,6 +61,13 @@ pub(crate) fn serve(
     let mut origin = plan.images.origin();
     if let Some(stamp) = plan.scene_checked {
         origin.scene_checked = stamp;
+    }
+    if let Some(GoalFeedback::Detect(f)) = &feedback {
+        let header = Header {
+            stamp: crate::ros::clock::time(origin.stamp),
+            frame_id: origin.frame_id.clone(),
+        };
+        f.bind(header, origin.width, origin.height);
     }
     let session_tag = Sessions::tag(plan.session_id.as_deref());
     let mut sink = TokenSink::new(
@@ -240,6 +248,7 @@ mod tests {
                 session_id: None,
                 max_image_age: None,
                 scene_checked: None,
+                detect: None,
             },
             admission: h.registry.admit(id).unwrap(),
             respond,

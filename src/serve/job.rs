@@ -185,6 +185,8 @@ pub struct JobPlan {
     /// Set when a primed frame was chosen after a scene check: the stamp of the ask's newest
     /// frame, which showed the same scene (`scene_checked_stamp`).
     pub scene_checked: Option<Stamp>,
+    /// A detect request's link to the worker (`crate::serve::detections`); `None` for an ask.
+    pub(crate) detect: Option<crate::serve::detect_tap::DetectTap>,
 }
 
 /// An admitted request, ready for the worker. Its cancel flag, deadline and arrival time

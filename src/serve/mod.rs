@@ -6,6 +6,9 @@
 //! (`stats`).
 
 pub(crate) mod deliver;
+pub(crate) mod detect_feedback;
+pub(crate) mod detect_tap;
+pub(crate) mod detections;
 pub mod failure;
 pub mod job;
 pub(crate) mod outcome;

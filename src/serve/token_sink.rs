@@ -2,6 +2,8 @@
 //! exactly one `last` Token, which carries the finish reason. Model text is made safe for
 //! the message here ([`NulCount::safe`]: a NUL becomes U+FFFD and is counted).
 
+use std::sync::Arc;
+
 use r2r::std_msgs::msg::Header;
 use r2r::unique_identifier_msgs::msg::UUID;
 use r2r::Publisher;
@@ -12,6 +14,7 @@ use crate::msgs::msg::Token;
 use crate::ros::clock::RosClock;
 use crate::ros::publish::Publish;
 use crate::ros::text::{ros_text_uncounted, NulCount};
+use crate::serve::detect_feedback::DetectFeedback;
 
 pub(crate) struct TokenSink<'a> {
     publisher: &'a dyn Publish<Token>,
@@ -95,26 +98,34 @@ impl<'a> TokenSink<'a> {
 /// Where one goal's Tokens go as feedback (`<action>/_action/feedback`), beside the tokens
 /// topic. Best effort, like the Token stream: a failed publish is logged, and the result
 /// stays authoritative.
+/// A `vlm/detect` goal's feedback is the detections so far instead ([`DetectFeedback`]).
 #[derive(Clone)]
-pub(crate) struct GoalFeedback {
-    publisher: Publisher<AskAction::FeedbackMessage>,
-    goal_id: UUID,
+pub(crate) enum GoalFeedback {
+    Ask {
+        publisher: Publisher<AskAction::FeedbackMessage>,
+        goal_id: UUID,
+    },
+    Detect(Arc<DetectFeedback>),
 }
 
 impl GoalFeedback {
     pub(crate) fn new(publisher: Publisher<AskAction::FeedbackMessage>, goal_id: UUID) -> Self {
-        Self { publisher, goal_id }
+        Self::Ask { publisher, goal_id }
     }
 
     /// Sends `token` (the message just published on the tokens topic) as the goal's feedback.
     pub(crate) fn send(&self, token: &Token) {
+        let (publisher, goal_id) = match self {
+            Self::Ask { publisher, goal_id } => (publisher, goal_id),
+            Self::Detect(d) => return d.on_token(token),
+        };
         let msg = AskAction::FeedbackMessage {
-            goal_id: self.goal_id.clone(),
+            goal_id: goal_id.clone(),
             feedback: AskAction::Feedback {
                 token: token.clone(),
             },
         };
-        if let Err(e) = self.publisher.publish(&msg) {
+        if let Err(e) = publisher.publish(&msg) {
             tracing::warn!(request_id = %token.request_id, error = %e, "could not publish action feedback");
         }
     }

@@ -30,6 +30,7 @@ use crate::process::fatal;
 use crate::process::panics::contained;
 use crate::process::test_hooks::{self, Site};
 use crate::serve::deliver::{serve, stopped_in_queue, Outputs, Served};
+use crate::serve::detections;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Job, JobPlan};
 use crate::serve::outcome::Generated;
@@ -561,6 +562,7 @@ fn generate(
     };
     // Served from a priming only as a fresh conversation; otherwise (or when the priming
     // cannot go on) as without it, on the frame `choose` put in the plan.
+    detections::fit(plan, assistant)?;
     let prefilled = match prefill {
         Some((chosen, p)) if conversation.is_none() => {
             p.answer(chosen, assistant, &plan.turn, &mut on_event)
@@ -575,6 +577,7 @@ fn generate(
             }
             Failure::from_assistant(&e)
         })?;
+    detections::collect(plan, &reply, assistant);
     let incomplete = reply.is_incomplete();
     // An unfinished JSON value fails its request, so like a cancelled answer it is not
     // parked: the session goes on from its previous turn.

@@ -44,14 +44,54 @@ fn not_after(a: &Time, b: &Time) -> bool {
     (a.sec, a.nanosec) <= (b.sec, b.nanosec)
 }
 
-struct Goal<W> {
+/// What a goal table needs of an action's result: whether it succeeded and its error code
+/// (which decide the terminal status), and the `busy` result of a `get_result` turned away.
+pub(crate) trait GoalResult: Clone + Default {
+    fn succeeded(&self) -> bool;
+    fn error_code(&self) -> &str;
+    fn busy(message: String) -> Self;
+}
+
+impl GoalResult for Ask::Result {
+    fn succeeded(&self) -> bool {
+        self.success
+    }
+    fn error_code(&self) -> &str {
+        &self.error_code
+    }
+    fn busy(error_message: String) -> Self {
+        Self {
+            error_code: ErrorCode::Busy.as_str().to_owned(),
+            error_message,
+            ..Default::default()
+        }
+    }
+}
+
+impl GoalResult for crate::msgs::action::Detect::Result {
+    fn succeeded(&self) -> bool {
+        self.success
+    }
+    fn error_code(&self) -> &str {
+        &self.error_code
+    }
+    fn busy(error_message: String) -> Self {
+        Self {
+            error_code: ErrorCode::Busy.as_str().to_owned(),
+            error_message,
+            ..Default::default()
+        }
+    }
+}
+
+struct Goal<W, R> {
     /// When it was accepted (the node's ROS time), as `GoalInfo.stamp` reports it.
     stamp: Time,
     status: i8,
     /// Accept order: the status array lists goals oldest first.
     seq: u64,
     /// Set once the goal is terminal.
-    result: Option<Ask::Result>,
+    result: Option<R>,
     /// When it ended; `None` (never expires) when the result timeout reaches past what an
     /// `Instant` can hold.
     expires_at: Option<Instant>,
@@ -59,7 +99,7 @@ struct Goal<W> {
     waiting: Vec<W>,
 }
 
-impl<W> Goal<W> {
+impl<W, R> Goal<W, R> {
     fn is_terminal(&self) -> bool {
         self.result.is_some()
     }
@@ -91,9 +131,10 @@ pub(crate) const MAX_FINISHED: usize = 4096;
 /// without bound.
 pub(crate) const MAX_WAITING: usize = 64;
 
-/// The goals the server knows. `W` is a waiting `get_result` request (its responder).
-pub(crate) struct Goals<W> {
-    goals: HashMap<GoalId, Goal<W>>,
+/// The goals the server knows. `W` is a waiting `get_result` request (its responder), `R`
+/// the action's result.
+pub(crate) struct Goals<W, R = Ask::Result> {
+    goals: HashMap<GoalId, Goal<W, R>>,
     /// The finished goals in the order they ended, which is also the order they expire in
     /// (one result timeout for all): expiry and the limit take from the front.
     finished: VecDeque<GoalId>,
@@ -102,7 +143,7 @@ pub(crate) struct Goals<W> {
     next_seq: u64,
 }
 
-impl<W> Goals<W> {
+impl<W, R: GoalResult> Goals<W, R> {
     /// A finished goal is forgotten `result_timeout` after its end, or earlier when more than
     /// [`MAX_FINISHED`] have finished since.
     pub(crate) fn new(result_timeout: Duration) -> Self {
@@ -175,7 +216,7 @@ impl<W> Goals<W> {
                 Some(_) => {}
             }
         }
-        let chosen = |id: &GoalId, g: &Goal<W>| {
+        let chosen = |id: &GoalId, g: &Goal<W, R>| {
             everything
                 || by_id.flatten().as_ref() == Some(id)
                 || (!is_zero(&info.stamp) && not_after(&g.stamp, &info.stamp))
@@ -207,21 +248,17 @@ impl<W> Goals<W> {
     /// stopped by cancel after the goal's cancel was accepted, ABORTED otherwise. Returns the
     /// terminal status and the waiting `get_result` requests to answer with it. A goal
     /// already ended keeps its result and status (nothing waits for it any more).
-    pub(crate) fn finish(
-        &mut self,
-        id: &GoalId,
-        result: Ask::Result,
-        now: Instant,
-    ) -> (i8, Vec<W>) {
+    pub(crate) fn finish(&mut self, id: &GoalId, result: R, now: Instant) -> (i8, Vec<W>) {
         let Some(g) = self.goals.get_mut(id) else {
             return (STATUS_UNKNOWN, Vec::new());
         };
         if g.is_terminal() {
             return (g.status, Vec::new());
         }
-        let status = if result.success {
+        let status = if result.succeeded() {
             STATUS_SUCCEEDED
-        } else if g.status == STATUS_CANCELING && result.error_code == ErrorCode::Cancelled.as_str()
+        } else if g.status == STATUS_CANCELING
+            && result.error_code() == ErrorCode::Cancelled.as_str()
         {
             STATUS_CANCELED
         } else {
@@ -259,20 +296,16 @@ impl<W> Goals<W> {
     /// A `get_result` request: the waiter, status and result to answer with now when the
     /// goal has ended or is unknown (status UNKNOWN, an empty result); `None` when it is
     /// kept until [`Goals::finish`].
-    pub(crate) fn get_result(&mut self, uuid: &[u8], waiter: W) -> Option<(W, i8, Ask::Result)> {
+    pub(crate) fn get_result(&mut self, uuid: &[u8], waiter: W) -> Option<(W, i8, R)> {
         match goal_id(uuid).and_then(|id| self.goals.get_mut(&id)) {
-            None => Some((waiter, STATUS_UNKNOWN, Ask::Result::default())),
+            None => Some((waiter, STATUS_UNKNOWN, R::default())),
             Some(g) => match &g.result {
                 Some(r) => Some((waiter, g.status, r.clone())),
                 None if g.waiting.len() >= MAX_WAITING => {
-                    let busy = Ask::Result {
-                        error_code: ErrorCode::Busy.as_str().to_owned(),
-                        error_message: format!(
-                            "{MAX_WAITING} get_result requests already wait for this goal; ask \
-                             again later"
-                        ),
-                        ..Default::default()
-                    };
+                    let busy = R::busy(format!(
+                        "{MAX_WAITING} get_result requests already wait for this goal; ask \
+                         again later"
+                    ));
                     Some((waiter, g.status, busy))
                 }
                 None => {
