@@ -2,7 +2,7 @@
 //! real ROS 2 graph (peer: `tests/peers/client_peer.py`): `stream` yields only its own
 //! request's text, in order, while another client's request streams on the same topic; the
 //! action goal streams and cancels; a refused request ends its stream at once; a node in a
-//! namespace is reached by naming it. The node runs the embedded tiny model on the BPU
+//! namespace is reached by naming it; `detect` hands out each object as it is found. The node runs the embedded tiny model on the BPU
 //! simulator, each BPU task slowed so two requests overlap.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -20,10 +20,21 @@ static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Runs `vlm_node` (with `ros_args`) and the client peer in `mode`; the peer's report.
 async fn run(mode: &str, ros_args: &[&str], extra: &[&str]) -> anyhow::Result<Value> {
+    run_with(mode, ros_args, extra, &[]).await
+}
+
+/// [`run`] with more of the node's environment.
+async fn run_with(
+    mode: &str,
+    ros_args: &[&str],
+    extra: &[&str],
+    node_env: &[(&'static str, String)],
+) -> anyhow::Result<Value> {
     ros_env();
     let _serial = SERIAL.lock().await;
     let d = domain();
-    let env = vec![("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=20".to_owned())];
+    let mut env = vec![("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=20".to_owned())];
+    env.extend_from_slice(node_env);
     let node = start_demo_node_with(&d, ros_args, &[("queue_depth", "4")], &env)?;
     let args: Vec<&str> = [mode].into_iter().chain(extra.iter().copied()).collect();
     let (rep, _log) = node
@@ -100,5 +111,26 @@ async fn a_refused_request_ends_its_stream_with_the_response() -> anyhow::Result
     assert!(texts(&rep["deltas"]).is_empty(), "{rep}");
     assert_eq!(rep["response"]["success"], false, "{rep}");
     assert_eq!(rep["response"]["error_code"], "invalid_request", "{rep}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn detect_hands_out_each_object_as_found_then_the_result() -> anyhow::Result<()> {
+    // The model held to two objects (debug builds' test hook), so there is something to find.
+    let held = r#"[{"bbox_2d":[100,200,300,400],"label":"cup"},{"bbox_2d":[500,500,600,700],"label":"mug"}]"#;
+    let env = [("VLM_NODE_TEST_DETECT_ANSWER", held.to_owned())];
+    let rep = run_with("detect", &[], &[], &env).await?;
+    assert_eq!(rep["success"], true, "{rep}");
+    assert_eq!(rep["frame_id"], "cam_link", "{rep}");
+    assert_eq!(rep["text"], held, "{rep}");
+    // 640×480: x·640/1000, y·480/1000; [cx, cy, w, h, label].
+    let want = serde_json::json!([
+        [128.0, 144.0, 128.0, 96.0, "cup"],
+        [352.0, 288.0, 64.0, 96.0, "mug"]
+    ]);
+    assert_eq!(rep["result"], want, "{rep}");
+    // Every object of the result was handed out as it was found, in order, with the same
+    // box and label (the score comes only with the result, so it is not compared).
+    assert_eq!(rep["found"], rep["result"], "{rep}");
     Ok(())
 }

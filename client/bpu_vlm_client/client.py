@@ -17,6 +17,7 @@ from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from bpu_vlm_msgs.action import Ask as AskAction
+from bpu_vlm_msgs.action import Detect as DetectAction
 from bpu_vlm_msgs.msg import Token
 from bpu_vlm_msgs.srv import Ask, Cancel
 
@@ -47,9 +48,9 @@ def admitted(response):
                 or response.finish_reason)
 
 
-def request_of(kind, prompt, fields):
+def request_of(kind, prompt, fields, first='prompt'):
     req = kind()
-    req.prompt = prompt
+    setattr(req, first, prompt)
     for key, value in fields.items():
         if not hasattr(req, key):
             raise TypeError(f'{kind.__name__} has no field {key!r}')
@@ -166,7 +167,7 @@ class VlmClient:
 
     def __init__(self, node=None, namespace='', *, ask_service='ask',
                  tokens_topic='vlm/tokens', cancel_service='vlm/cancel',
-                 action_name='vlm/ask', timeout=120.0):
+                 action_name='vlm/ask', detect_action='vlm/detect', timeout=120.0):
         if not rclpy.ok():
             rclpy.init()
         self._own = node is None
@@ -174,7 +175,7 @@ class VlmClient:
         self.timeout = timeout
         self.names = {key: resolve(namespace, name) for key, name in [
             ('ask', ask_service), ('tokens', tokens_topic), ('cancel', cancel_service),
-            ('action', action_name)]}
+            ('action', action_name), ('detect', detect_action)]}
         self._lock = threading.Lock()
         self._streams = {}
         self._matched = False
@@ -182,6 +183,7 @@ class VlmClient:
         self._ask = self.node.create_client(Ask, self.names['ask'])
         self._cancel = self.node.create_client(Cancel, self.names['cancel'])
         self._action = ActionClient(self.node, AskAction, self.names['action'])
+        self._detect = ActionClient(self.node, DetectAction, self.names['detect'])
         self._executor = None
         self._spinner = None
         if self._own:
@@ -258,6 +260,35 @@ class VlmClient:
         fut = self._cancel.call_async(req)
         return self._wait(lambda: fut.result() if fut.done() else None,
                           time.monotonic() + self.timeout, request_id)
+
+    # -- finding things ----------------------------------------------------------------
+
+    def detect(self, query, on_detection=None, **fields):
+        """Sends a `vlm/detect` goal and returns its result: `detections` (a
+        vision_msgs/Detection2DArray in the source frame's pixels, with its header), `text`
+        (the model's answer as generated), `success`, `error_code`, ... `on_detection(d)` is
+        called with each vision_msgs/Detection2D as soon as the node has found it (score 0
+        until the result). Raises RuntimeError when the node rejects the goal."""
+        self._ready(self._detect.wait_for_server, 'action ' + self.names['detect'])
+        fields.setdefault('request_id', new_request_id())
+        rid = fields['request_id']
+        seen = []
+
+        def feedback(msg):
+            # Each feedback holds every object found so far: hand out the new ones.
+            for d in list(msg.feedback.detections.detections)[len(seen):]:
+                seen.append(d)
+                if on_detection is not None:
+                    on_detection(d)
+
+        goal = request_of(DetectAction.Goal, query, fields, first='query')
+        sent = self._detect.send_goal_async(goal, feedback_callback=feedback)
+        until = time.monotonic() + self.timeout
+        handle = self._wait(lambda: sent.result() if sent.done() else None, until, rid)
+        if not handle.accepted:
+            raise RuntimeError(f'goal {rid} rejected by the node')
+        res = handle.get_result_async()
+        return self._wait(lambda: res.result().result if res.done() else None, until, rid)
 
     # -- plumbing --------------------------------------------------------------------
 

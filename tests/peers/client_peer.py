@@ -8,6 +8,8 @@ Run with .ros2/venv/bin/python after `source .ros2/setup.bash`. Prints "REPORT <
             the other request's Tokens as seen on the topic
   action    `send_goal` streamed to its end, then a goal cancelled after its first delta
   refused   `stream` of a request the node refuses (NaN temperature): no delta, a response
+  detect    `detect` on a request image: the objects handed to `on_detection` as found, and
+            the result
 """
 
 import os
@@ -19,7 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rclpy  # noqa: E402
 
 from bpu_vlm_client import VlmClient  # noqa: E402
-from node_peer import Peer, peer_arguments, plain, report_and_exit  # noqa: E402
+from node_peer import (Peer, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
+                       rgb8, with_header)
 
 
 def mode_streams(a):
@@ -70,9 +73,23 @@ def mode_refused(a):
             'seconds': time.monotonic() - t0}
 
 
+def mode_detect(a):
+    """`detect` on a request image: each object handed out as found, then the result."""
+    vlm = VlmClient(namespace=a.namespace, timeout=a.timeout)
+    img = with_header(rgb8(load_rgb('scene_a.png', (640, 480))), 'cam_link', 12, 34)
+    found = []
+    r = vlm.detect('the cups', on_detection=found.append, images=[img], max_objects=3)
+    box = lambda d: [d.bbox.center.position.x, d.bbox.center.position.y,  # noqa: E731
+                     d.bbox.size_x, d.bbox.size_y, d.results[0].hypothesis.class_id]
+    return {'success': r.success, 'error_code': r.error_code, 'text': r.text,
+            'frame_id': r.detections.header.frame_id,
+            'result': [box(d) for d in r.detections.detections],
+            'found': [box(d) for d in found]}
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['streams', 'action', 'refused'])
+    ap.add_argument('mode', choices=['streams', 'action', 'refused', 'detect'])
     ap.add_argument('--namespace', default='')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--prompt2', default='Describe the robot.')
@@ -82,7 +99,7 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     report_and_exit(lambda: {a.mode: {'streams': mode_streams, 'action': mode_action,
-                                      'refused': mode_refused}[a.mode](a)})
+                                      'refused': mode_refused, 'detect': mode_detect}[a.mode](a)})
 
 
 if __name__ == '__main__':

@@ -8,7 +8,8 @@
 #   scripted cameras to run each with, of fixed static occasional moving, default fixed: the
 #   same pixels every frame, see tools/bench/fresh_frame.py)
 #   SCENE_CHECK=true|false sets the node's scene_check (default true, the node's default;
-#   false: the timer-driven priming before scene checks).
+#   false: the timer-driven priming before scene checks). DETECT=N sends N vlm/detect goals
+#   instead of the asks (time to the first complete detection and to the result).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -37,7 +38,7 @@ for PREFILL in ${2:-true false}; do
   PID=$!
   trap 'kill -INT $PID 2>/dev/null || true' EXIT
   .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --seed "${3:-1}" \
-    --camera "$CAMERA" \
+    --camera "$CAMERA" --detect "${DETECT:-0}" \
     --label "prefill_latest_frame=$PREFILL scene_check=${SCENE_CHECK:-true} camera=$CAMERA"
   kill -INT "$PID"
   trap - EXIT

@@ -19,6 +19,10 @@ at the call of the frame the answer is about: of scene_checked_stamp when the no
 one later than image_stamp, i.e. the newest frame that checked it), and whether the answer was
 about a scene no longer in front of the camera (a frame of another scene was published
 between the frame used and 0.2 s before the call).
+
+--detect N sends N `vlm/detect` goals (query "the cup", max_objects 1) the same way instead of
+asks, and reports per goal the time from sending it to its first complete detection (the first
+feedback with an object) and to its result, with the result's ttft_s and answer tokens.
 """
 
 import argparse
@@ -38,7 +42,9 @@ from rclpy.qos import qos_profile_sensor_data
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'tests', 'peers'))
 from node_peer import load_rgb, rgb8  # noqa: E402  (the test peer's frame helpers)
 
+from bpu_vlm_msgs.action import Detect  # noqa: E402
 from bpu_vlm_msgs.srv import Ask  # noqa: E402
+from rclpy.action import ActionClient  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
@@ -59,6 +65,7 @@ def main():
     ap.add_argument('--camera', default='fixed',
                     choices=['fixed', 'static', 'occasional', 'moving'])
     ap.add_argument('--switch-s', type=float, default=10.0)
+    ap.add_argument('--detect', type=int, default=0)
     a = ap.parse_args()
     rng = random.Random(a.seed)
     rclpy.init()
@@ -127,6 +134,9 @@ def main():
 
     threading.Thread(target=camera, daemon=True).start()
     time.sleep(2.0)
+    if a.detect:
+        print(json.dumps(dict(label=a.label, **detect_goals(node, rng, a))), flush=True)
+        os._exit(0)
     ttft, age, info, stale_answers = [], [], [], 0
     for i in range(a.asks):
         time.sleep(rng.uniform(a.min_gap, a.max_gap))
@@ -172,6 +182,50 @@ def main():
     }), flush=True)
     # Tearing rclpy down under a live executor thread can abort the process; all is printed.
     os._exit(0)
+
+
+def detect_goals(node, rng, a):
+    """`a.detect` detect goals at random moments: time to the first complete detection and
+    to the result, from the goal's sending (this client's clock)."""
+    client = ActionClient(node, Detect, '/vlm/detect')
+    if not client.wait_for_server(timeout_sec=60):
+        raise SystemExit('no vlm/detect')
+    first, result, ttft, tokens, objects = [], [], [], [], []
+    for i in range(a.detect):
+        time.sleep(rng.uniform(a.min_gap, a.max_gap))
+        seen = []
+
+        def feedback(fb, seen=seen):
+            if fb.feedback.detections.detections and not seen:
+                seen.append(time.monotonic())
+
+        goal = Detect.Goal(request_id=f'd{i}', query='the cup', max_objects=1)
+        t0 = time.monotonic()
+        handle = client.send_goal_async(goal, feedback_callback=feedback)
+        while not handle.done():
+            time.sleep(0.002)
+        res = handle.result().get_result_async()
+        while not res.done():
+            time.sleep(0.002)
+        r = res.result().result
+        t1 = time.monotonic()
+        if not r.success:
+            raise SystemExit(f'detect {i} failed: {r.error_code} {r.error_message}')
+        result.append(t1 - t0)
+        ttft.append(r.ttft_s)
+        tokens.append(r.completion_tokens)
+        objects.append(len(r.detections.detections))
+        if seen:
+            first.append(seen[0] - t0)
+    return {
+        'goals': a.detect,
+        'first_detection_s_median': round(statistics.median(first), 3) if first else None,
+        'result_s_median': round(statistics.median(result), 3),
+        'result_s_p95': round(quantile(result, 0.95), 3),
+        'ttft_s_median': round(statistics.median(ttft), 3),
+        'answer_tokens_median': statistics.median(tokens),
+        'objects': objects,
+    }
 
 
 if __name__ == '__main__':
