@@ -31,7 +31,7 @@ export FASTRTPS_DEFAULT_PROFILES_FILE="$ROOT/launch/fastdds_large_frames.xml"
 export FASTDDS_DEFAULT_PROFILES_FILE="$FASTRTPS_DEFAULT_PROFILES_FILE"
 for CAMERA in ${4:-fixed}; do
 for PREFILL in ${2:-true false}; do
-  BPU_SIM_TIMING=s100p RUST_LOG=warn "$BIN/vlm_node" --ros-args \
+  BPU_SIM_TIMING=s100p RUST_LOG=${RUST_LOG:-warn} "$BIN/vlm_node" --ros-args \
     --params-file launch/vlm_params.yaml -p model_dir:="$PKG" -p prefill_tail:=pads_first \
     -p prefill_latest_frame:=$PREFILL -p scene_check:="${SCENE_CHECK:-true}" \
     -p bpu_timeout_s:=60.0 &
