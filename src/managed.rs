@@ -261,12 +261,17 @@ impl Engine {
     pub(crate) async fn release(&self) -> Result<(), ()> {
         self.serving.store(false, Ordering::Release);
         self.interrupt();
+        // The worker's lock first: a configure still finishing (past its last interruptible
+        // step) opens the queue under it, and a queue closed before that would be open again
+        // and the worker never see its end.
+        let mut guard = self.worker.lock().await;
         self.ask_ctx.close();
         let live = self.ask_ctx.registry.cancel_all();
         if live > 0 {
             tracing::info!(live, "cancelled live requests");
         }
-        let worker = self.worker.lock().await.take();
+        let worker = guard.take();
+        drop(guard);
         let joined = release(worker, &self.stats).await;
         *self.interrupt.lock().unwrap_or_else(|e| e.into_inner()) = None;
         joined

@@ -1,4 +1,4 @@
-//! Issue 27 ("Where is it?"), the node's side, over a real ROS 2 graph: `/detect` on the demo
+//! Detections ("Where is it?"), the node's side, over a real ROS 2 graph: `/detect` on the demo
 //! (random) model gives well-formed detections in the source frame's pixels — boxes inside
 //! the frame with a positive size, at most `max_objects`, every header the source frame's,
 //! and each box the mapping of the numbers in `text` (x·W/1000, y·H/1000, ±1 px) — on a
@@ -278,7 +278,7 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
     Ok(())
 }
 
-/// The issue's fixture: a model held to `[{"bbox_2d":[100,200,300,400],"label":"cup"}]`
+/// A model held to `[{"bbox_2d":[100,200,300,400],"label":"cup"}]`
 /// (debug builds' `VLM_NODE_TEST_DETECT_ANSWER`) finds the box (64, 96)–(192, 192) on a 640×480
 /// frame, whichever way the frame came: x·640/1000 and y·480/1000, each axis on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -94,6 +94,21 @@ pub(crate) async fn handle(
             return response(refused(id, f, &ctx.nuls), Vec::new());
         }
     };
+    // The answer's budget is the request's max_new_tokens in all but name: the node's
+    // limit on it holds here too.
+    let limit = ctx.params.snapshot().max_request_new_tokens;
+    if spec.token_budget() > limit as usize {
+        let f = Failure::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "an answer of {} objects needs up to {} tokens, above the limit of {limit} \
+                 (parameter max_request_new_tokens); ask for fewer objects",
+                spec.max_objects,
+                spec.token_budget()
+            ),
+        );
+        return response(refused(id, f, &ctx.nuls), Vec::new());
+    }
     let tap = DetectTap::new(spec.clone(), outputs.wants_annotated());
     let out = tap.out.clone();
     let budget = spec.token_budget();
@@ -114,7 +129,9 @@ pub(crate) async fn handle(
     let TapOut { scores, rgb } = std::mem::take(&mut *lock(&out));
     let (answer, found) = found(answer, spec.kind, scores.as_ref());
     let resp = response(answer, found);
-    if !resp.image_source.is_empty() {
+    // A failure's empty array would tell a tracker "nothing is there": only answers, and a
+    // stopped detect's objects found before it stopped, are published.
+    if !resp.image_source.is_empty() && (resp.success || !resp.detections.detections.is_empty()) {
         publish(&outputs, &resp, rgb);
     }
     resp

@@ -311,7 +311,8 @@ declare! {
         wait for a lifecycle manager (`~/change_state`; docs/lifecycle.md).";
     deactivate_timeout_s: f64 = d(5.0), Kind::Seconds(AT_LEAST_0), Restart,
         "How long a deactivate lets the running request finish before cancelling it, in \
-        seconds (queued requests are answered `cancelled` at once).";
+        seconds (queued requests are cancelled at once and answered `cancelled` when the worker \
+        reaches them, right after the running one).";
 }
 
 /// A parameter that cannot be used.

@@ -189,7 +189,7 @@ def main():
 
 
 def late_after_switch(ttft, since_switch):
-    """occasional: the asks that came >= 4 s after a switch, their TTFT (the issue's goal:
+    """occasional: the asks that came >= 4 s after a switch, their TTFT (the goal:
     the static figures there)."""
     late = [t for t, s in zip(ttft, since_switch) if s >= 4.0]
     if not late:

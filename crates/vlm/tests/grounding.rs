@@ -173,7 +173,7 @@ fn random_models_give_well_formed_detections() {
     assert!(objects > 0, "random models never found anything");
 }
 
-/// The fixture held to one answer: a schema whose only value is the example (the
+/// The fixture held to one answer: a schema whose only value is the (100,200,300,400) box (the
 /// model still chooses how to spell it in tokens, with its own probabilities).
 #[test]
 fn a_model_held_to_a_known_answer_gets_the_known_box() {

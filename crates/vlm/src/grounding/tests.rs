@@ -11,7 +11,7 @@ fn corners(d: &Detection) -> [f64; 4] {
 }
 
 #[test]
-fn the_issue_example_maps_to_pixels_of_the_frame() {
+fn a_box_of_100_200_300_400_maps_to_pixels_of_the_frame() {
     let d = boxes(r#"[{"bbox_2d":[100,200,300,400],"label":"cup"}]"#, 640, 480);
     assert_eq!(d.len(), 1);
     assert_eq!(corners(&d[0]), [64.0, 96.0, 192.0, 192.0]);
