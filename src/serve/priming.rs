@@ -256,6 +256,22 @@ impl Primer {
         }
     }
 
+    /// The frame to prime now, if any: a stopped priming of a still recent frame goes on (its
+    /// work is done up to there); an older one gives way to the newest frame when it is due.
+    fn next_frame(&mut self, assistant: &Assistant, now: Instant) -> Option<CachedFrame> {
+        let worth = |f: &CachedFrame| {
+            f.age(now) < self.cfg.max_age / 2
+                && assistant.can_resume_priming(&self.system)
+                && !self.scene_moved_on(f)
+        };
+        if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
+            // Given up: its runs are rested before anything new starts.
+            self.settle(now);
+        }
+        let resumable = self.stopped.clone().filter(|_| now >= self.rest_until);
+        resumable.or_else(|| self.due(now))
+    }
+
     /// Primings the due frame (if any) while `jobs` stays empty. A job that arrives meanwhile
     /// stops the work at the next graph call and is left in `pending`.
     pub fn run(
@@ -270,19 +286,7 @@ impl Primer {
         }
         self.follow_system();
         let now = Instant::now();
-        // A stopped priming of a still recent frame goes on (its work is done up to there);
-        // an older one gives way to the newest frame.
-        let worth = |f: &CachedFrame| {
-            f.age(now) < self.cfg.max_age / 2
-                && assistant.can_resume_priming(&self.system)
-                && !self.scene_moved_on(f)
-        };
-        if self.stopped.as_ref().is_some_and(|f| !worth(f)) {
-            // Given up: its runs are rested before anything new starts.
-            self.settle(now);
-        }
-        let resumable = self.stopped.clone().filter(|_| now >= self.rest_until);
-        let Some(frame) = resumable.or_else(|| self.due(now)) else {
+        let Some(frame) = self.next_frame(assistant, now) else {
             return PrimingEnd::Fine;
         };
         let mut closed = false;
