@@ -17,6 +17,7 @@ use r2r::Publisher;
 use crate::health::{self, NulWatch, Observed};
 use crate::process::fatal;
 use crate::process::test_hooks::{self, Site};
+use crate::request::watch::board::WatchBoard;
 use crate::ros::clock::RosClock;
 use crate::ros::lifecycle::Lifecycle;
 use crate::ros::param_server::LiveParams;
@@ -66,6 +67,8 @@ pub(crate) struct Diagnostics {
     pub params: LiveParams,
     /// The node's lifecycle state (`lifecycle_state`).
     pub lifecycle: Lifecycle,
+    /// The watch goals' counters.
+    pub(crate) watches: Arc<WatchBoard>,
 }
 
 /// The frame priming's counters: primings done and stopped, asks on its camera and
@@ -93,6 +96,18 @@ fn prefill_values(p: &PrimingStats, now: Instant) -> Vec<KeyValue> {
         kv("prefills_on_scene_change", p.change_prefills),
         kv("prefill_scene_same_asks", p.scene_same_asks),
         kv("prefill_scene_changed_asks", p.scene_changed_asks),
+    ]
+}
+
+/// The watch goals running, their evaluations (and those stopped for an ask or a detect,
+/// made again later) and their events.
+fn watch_values(watches: &WatchBoard) -> [KeyValue; 4] {
+    let w = watches.counts();
+    [
+        kv("watches_active", w.active),
+        kv("watch_evaluations", w.evaluations),
+        kv("watch_evaluations_yielded", w.yielded),
+        kv("watch_events", w.events),
     ]
 }
 
@@ -166,6 +181,7 @@ pub(crate) fn status(d: &Diagnostics, nuls: &mut NulWatch) -> DiagnosticStatus {
         kv("state_snapshots", s.snapshots),
         kv("images_encoded", s.images_encoded),
     ];
+    values.extend(watch_values(&d.watches));
     if let Some(p) = &s.prefill {
         values.extend(prefill_values(p, now));
     }

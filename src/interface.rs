@@ -57,6 +57,13 @@ impl ErrorCode {
     }
 }
 
+impl ErrorCode {
+    /// The code of a wire value, `None` for one that is none of them.
+    pub fn parse(value: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == value)
+    }
+}
+
 impl fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

@@ -238,6 +238,8 @@ impl Engine {
     async fn deactivate(&self) {
         self.serving.store(false, Ordering::Release);
         let registry = &self.ask_ctx.registry;
+        // Watch evaluations are not let finish: their goals end (`crate::request::watch`).
+        self.ask_ctx.watches.stop_all();
         let queued = registry.cancel_waiting();
         if queued > 0 {
             tracing::info!(queued, "deactivate: queued requests cancelled");
@@ -266,6 +268,7 @@ impl Engine {
         // and the worker never see its end.
         let mut guard = self.worker.lock().await;
         self.ask_ctx.close();
+        self.ask_ctx.watches.stop_all();
         let live = self.ask_ctx.registry.cancel_all();
         if live > 0 {
             tracing::info!(live, "cancelled live requests");

@@ -41,7 +41,8 @@ use crate::request::ask_server::AskServer;
 use crate::request::context::AskContext;
 use crate::request::servers::Services;
 use crate::request::structured;
-use crate::request::{ask, detect_action};
+use crate::request::watch::board::WatchBoard;
+use crate::request::{ask, detect_action, watch_action};
 use crate::ros::cameras::{self, CameraMsg};
 use crate::ros::clock::{self, RosClock, CLOCK_TOPIC};
 use crate::ros::lifecycle::{self, Lifecycle, Protocol};
@@ -170,22 +171,13 @@ pub async fn run(
         queue_depth: params.queue_depth,
         params: live.clone(),
         lifecycle: lifecycle.clone(),
+        watches: Arc::new(WatchBoard::default()),
     };
     tasks.push(tokio::spawn(diagnostics::run(
         diag.clone(),
         diagnostics_period,
     )));
-    let ask_ctx = Arc::new(AskContext {
-        params: live.clone(),
-        cameras: cameras.clone(),
-        registry: registry.clone(),
-        jobs: Mutex::new(None),
-        schemas: Mutex::new(None),
-        lifecycle: lifecycle.clone(),
-        compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
-        clock: clock.clone(),
-        nuls: nuls.clone(),
-    });
+    let ask_ctx = Arc::new(ask_context(&diag));
     if !params.autostart {
         update(&stats, |s| s.state = WorkerState::Unloaded);
     }
@@ -220,6 +212,23 @@ pub async fn run(
         tasks,
     };
     stopped.stop(result).await
+}
+
+/// What every ask shares, over the parameters, cameras, admission and counters diagnostics
+/// read.
+fn ask_context(d: &Diagnostics) -> AskContext {
+    AskContext {
+        params: d.params.clone(),
+        cameras: d.cameras.clone(),
+        registry: d.registry.clone(),
+        jobs: Mutex::new(None),
+        schemas: Mutex::new(None),
+        lifecycle: d.lifecycle.clone(),
+        compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
+        clock: d.clock.clone(),
+        nuls: d.nuls.clone(),
+        watches: d.watches.clone(),
+    }
 }
 
 /// Creates the node and sends logs to `/rosout` from now on; returns it with its names
@@ -480,6 +489,12 @@ async fn create_services(
         detect.ok_or(NodeError::SpinGone)?,
     )?;
     (services.detect, services.detect_action) = (Some(service), Some(action));
+    let watch = watch_action::start(ops, ask_ctx, action_result_timeout).await;
+    let watch = ros(
+        || "create vlm/watch".into(),
+        watch.ok_or(NodeError::SpinGone)?,
+    )?;
+    services.watch_action = Some(watch);
     Ok(())
 }
 

@@ -28,6 +28,10 @@ use crate::serve::token_sink::GoalFeedback;
 pub(crate) struct GoalHooks {
     pub cancel: Option<Arc<AtomicBool>>,
     pub feedback: Option<GoalFeedback>,
+    /// A watch goal's evaluation (`crate::request::watch`): admitted beside the asks'
+    /// `queue_depth` (the watch slots bound it), quiet, and stopped by any ask or detect
+    /// queued after it rather than stopping one.
+    pub watch: bool,
 }
 
 /// Handles one Ask request to its response; `hooks` are an action goal's (none for a
@@ -57,7 +61,16 @@ pub(crate) async fn handle_planned(
     } else {
         req.request_id.clone()
     };
-    let GoalHooks { cancel, feedback } = hooks;
+    let GoalHooks {
+        cancel,
+        feedback,
+        watch,
+    } = hooks;
+    let registry = if watch {
+        &ctx.watches.registry
+    } else {
+        &ctx.registry
+    };
     // Runs after the size checks, so an id named in a refusal is a short one.
     let admit = || {
         if let Some(why) = client_id_error(&id).filter(|_| given) {
@@ -68,8 +81,8 @@ pub(crate) async fn handle_planned(
             return Err(Failure::new(ErrorCode::NotReady, why));
         }
         match cancel {
-            Some(flag) => ctx.registry.admit_with(&id, flag),
-            None => ctx.registry.admit(&id),
+            Some(flag) => registry.admit_with(&id, flag),
+            None => registry.admit(&id),
         }
         .map_err(|e| {
             let code = match e {
@@ -88,6 +101,7 @@ pub(crate) async fn handle_planned(
         }
     };
     plan.turn.cancel = Some(admission.cancel_flag());
+    plan.quiet = watch;
     adjust(&mut plan);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let job = Job {
@@ -109,6 +123,11 @@ pub(crate) async fn handle_planned(
             Failure::new(ErrorCode::NotReady, "the engine is shutting down"),
             &ctx.nuls,
         );
+    }
+    if !watch {
+        // Asks and detects come first: an evaluation running now stops at its next graph
+        // call, one queued before this job is answered without starting.
+        ctx.watches.yield_to_request();
     }
     tracing::debug!(request_id = %id, "ask queued");
     match rx.await {

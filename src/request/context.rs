@@ -9,6 +9,7 @@ use camera_frame::CameraCache;
 use vlm::structured::JsonSchemas;
 
 use crate::request::structured;
+use crate::request::watch::board::WatchBoard;
 use crate::ros::clock::RosClock;
 use crate::ros::lifecycle::{Lifecycle, StateId};
 use crate::ros::param_server::LiveParams;
@@ -37,6 +38,8 @@ pub struct AskContext {
     pub(crate) clock: RosClock,
     /// Counts the NULs replaced in refusals.
     pub(crate) nuls: NulCount,
+    /// The watch goals' slots, counters and evaluations (`crate::request::watch`).
+    pub(crate) watches: Arc<WatchBoard>,
 }
 
 impl AskContext {
@@ -59,6 +62,7 @@ impl AskContext {
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: RosClock::default(),
             nuls: NulCount::default(),
+            watches: Arc::new(WatchBoard::default()),
         }
     }
 
@@ -88,6 +92,14 @@ impl AskContext {
             }
             other => Some(format!("node is {}", other.label())),
         }
+    }
+
+    /// Whether the queue is closed (the node is shutting down or cleaning up).
+    pub(crate) fn closed(&self) -> bool {
+        self.jobs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
     }
 
     /// Closes the queue: later asks are refused, the worker ends after the queued ones.

@@ -156,6 +156,7 @@ impl ActionKind for DetectKind {
         };
         let hooks = GoalHooks {
             cancel: Some(cancel),
+            watch: false,
             feedback: Some(GoalFeedback::Detect(Arc::new(DetectFeedback::new(
                 feedback, goal_id, kind,
             )))),

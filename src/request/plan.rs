@@ -258,6 +258,7 @@ fn finish(
         max_image_age: fresh.max_age,
         scene_checked: None,
         detect: None,
+        quiet: false,
     })
 }
 
@@ -312,6 +313,13 @@ pub(crate) async fn plan_admitted<A>(
     let json_schema = compile_schema(&mut checked, ctx).await?;
     let plan = finish(checked, json_schema, &p, ctx.cameras.as_deref(), now)?;
     Ok((plan, admitted))
+}
+
+/// Every check of an ask but the queue's and the image's (which are made for each of its
+/// runs): what a watch goal is checked with once, when it is accepted.
+pub(crate) async fn validate(req: Ask::Request, ctx: &AskContext) -> Result<(), Failure> {
+    let mut checked = check(req, &ctx.params.snapshot())?;
+    compile_schema(&mut checked, ctx).await.map(drop)
 }
 
 /// The request's schema compiled (off the runtime when a model is loaded), `None` for free
@@ -464,6 +472,7 @@ mod tests {
             compiles: tokio::sync::Semaphore::new(structured::COMPILES_AT_ONCE),
             clock: Default::default(),
             nuls: Default::default(),
+            watches: Default::default(),
         }
     }
 

@@ -1,5 +1,5 @@
 //! The request servers the node runs once the model is loaded (`/ask`, `vlm/ask`, `/detect`,
-//! `vlm/detect`), and their end in the shutdown sequence.
+//! `vlm/detect`, `vlm/watch`), and their end in the shutdown sequence.
 
 use crate::request::ask_action::AskActionServer;
 use crate::request::ask_server::AskServer;
@@ -11,6 +11,7 @@ pub(crate) struct Services {
     pub action: Option<AskActionServer>,
     pub detect: Option<AskServer>,
     pub detect_action: Option<AskActionServer>,
+    pub watch_action: Option<AskActionServer>,
 }
 
 impl Services {
@@ -21,7 +22,10 @@ impl Services {
         for server in [self.ask, self.detect].into_iter().flatten() {
             server.finish().await;
         }
-        for server in [self.action, self.detect_action].into_iter().flatten() {
+        for server in [self.action, self.detect_action, self.watch_action]
+            .into_iter()
+            .flatten()
+        {
             server.finish().await;
         }
     }

@@ -198,6 +198,9 @@ declare! {
         "Default sampling seed; -1 = a fresh seed per ask.";
     queue_depth: usize = i(4), Kind::Int { min: 1, max: 1024 }, Restart,
         "Requests held at once, the running one included; one more gets `busy` at once.";
+    max_watches: usize = i(4), Kind::Int { min: 0, max: 64 }, NextAsk,
+        "Most `vlm/watch` goals running at once; one more is aborted `busy` (0 refuses every \
+        watch). Lowering it ends no running watch.";
     request_timeout_s: f64 = d(120.0), Kind::Seconds(AT_LEAST_0), NextAsk,
         "Default time limit of an ask from its arrival (queue wait included), in seconds; 0 = \
         as long as `max_request_timeout_s` allows (a value above it is cut to it).";

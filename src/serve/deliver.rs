@@ -70,15 +70,17 @@ pub(crate) fn serve(
         f.bind(header, origin.width, origin.height);
     }
     let session_tag = Sessions::tag(plan.session_id.as_deref());
+    let quiet = plan.quiet;
     let mut sink = TokenSink::new(
-        &*outputs.tokens,
+        if quiet { &Discard } else { &*outputs.tokens },
         &outputs.clock,
         &outputs.nuls,
         &id,
         &origin.frame_id,
     )
     .with_feedback(feedback.as_ref());
-    let mut answered = false;
+    // A quiet job's Answer is not published: as if it had gone out already.
+    let mut answered = quiet;
     let run = contained(|| {
         let result = generate(&mut plan, &mut sink);
         let prompt = std::mem::take(&mut plan.turn.text);
@@ -130,8 +132,8 @@ fn send_messages(
     stats: &SharedStats,
 ) {
     sink.finish(outcome.finish_reason());
-    record_timings(stats, outcome);
     if !*answered {
+        record_timings(stats, outcome);
         if let Err(e) = outputs
             .answers
             .publish(&outcome.answer(outputs.clock.now()))
@@ -139,6 +141,15 @@ fn send_messages(
             tracing::warn!(error = %e, "could not publish the Answer");
         }
         *answered = true;
+    }
+}
+
+/// Where a quiet job's Tokens go: nowhere.
+struct Discard;
+
+impl Publish<Token> for Discard {
+    fn publish(&self, _: &Token) -> r2r::Result<()> {
+        Ok(())
     }
 }
 
@@ -249,6 +260,7 @@ mod tests {
                 max_image_age: None,
                 scene_checked: None,
                 detect: None,
+                quiet: false,
             },
             admission: h.registry.admit(id).unwrap(),
             respond,

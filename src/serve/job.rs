@@ -187,6 +187,9 @@ pub struct JobPlan {
     pub scene_checked: Option<Stamp>,
     /// A detect request's link to the worker (`crate::serve::detections`); `None` for an ask.
     pub(crate) detect: Option<crate::serve::detect_tap::DetectTap>,
+    /// A watch goal's evaluation: it publishes no Token and no Answer (its answer goes to the
+    /// goal's feedback), and the node's last-answer timings do not count it.
+    pub(crate) quiet: bool,
 }
 
 /// An admitted request, ready for the worker. Its cancel flag, deadline and arrival time

@@ -52,37 +52,32 @@ pub(crate) trait GoalResult: Clone + Default {
     fn busy(message: String) -> Self;
 }
 
-impl GoalResult for Ask::Result {
-    fn succeeded(&self) -> bool {
-        self.success
-    }
-    fn error_code(&self) -> &str {
-        &self.error_code
-    }
-    fn busy(error_message: String) -> Self {
-        Self {
-            error_code: ErrorCode::Busy.as_str().to_owned(),
-            error_message,
-            ..Default::default()
+/// The three results share their `success`, `error_code` and `error_message` fields.
+macro_rules! goal_result {
+    ($($result:ty),*) => {$(
+        impl GoalResult for $result {
+            fn succeeded(&self) -> bool {
+                self.success
+            }
+            fn error_code(&self) -> &str {
+                &self.error_code
+            }
+            fn busy(error_message: String) -> Self {
+                Self {
+                    error_code: ErrorCode::Busy.as_str().to_owned(),
+                    error_message,
+                    ..Default::default()
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl GoalResult for crate::msgs::action::Detect::Result {
-    fn succeeded(&self) -> bool {
-        self.success
-    }
-    fn error_code(&self) -> &str {
-        &self.error_code
-    }
-    fn busy(error_message: String) -> Self {
-        Self {
-            error_code: ErrorCode::Busy.as_str().to_owned(),
-            error_message,
-            ..Default::default()
-        }
-    }
-}
+goal_result!(
+    Ask::Result,
+    crate::msgs::action::Detect::Result,
+    crate::msgs::action::Watch::Result
+);
 
 struct Goal<W, R> {
     /// When it was accepted (the node's ROS time), as `GoalInfo.stamp` reports it.

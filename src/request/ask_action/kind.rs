@@ -98,6 +98,7 @@ impl ActionKind for AskKind {
     ) -> GoalTask<Ask::Response> {
         let hooks = GoalHooks {
             cancel: Some(cancel),
+            watch: false,
             feedback: Some(GoalFeedback::new(feedback, goal_id)),
         };
         Box::pin(answer_contained(fields::request(goal), ctx, hooks))
