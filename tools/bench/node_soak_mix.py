@@ -5,7 +5,9 @@ node's promises and prints one JSON object (BENCHMARKS.md, "Node soak, mixed").
     bash tools/bench/node-soak.sh 1000 mix     # builds vlm_node (release), runs this, stops it
 
 Promises checked:
-- every request (service call or action goal) gets exactly one response or result;
+- every request (service call or action goal) gets exactly one response or result (a
+  missing one is reported with the response waited for: goal response, result, service
+  response);
 - an admitted request (it reached generation: success, or cancelled / timeout /
   backend_error / context_overflow, or a finish reason) gets exactly one `last` Token and
   one Answer; a refused one gets none;
