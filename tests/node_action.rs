@@ -246,3 +246,38 @@ async fn action_goal_gets_its_result_when_the_node_stops() -> anyhow::Result<()>
     check_stream("sigterm", &rep);
     Ok(())
 }
+
+/// Every response of the action reaches rclpy's client even when it is back before the
+/// client has recorded its request: the peer's client pauses after each send (`race` in
+/// `tests/peers/action_peer.py`), so each goal response, each result of a goal that has
+/// already ended and the cancel response arrive inside that window. rclpy 7.1's own
+/// ActionClient drops every one of them (the soak's lost goal, docs/ask-action.md); the
+/// peers' `bpu_vlm_client.action_client.ActionClient` keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn action_responses_that_beat_the_clients_bookkeeping_are_kept() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let count: u64 = 5;
+    // The cancelled goal is still generating when its cancel arrives.
+    let slow = vec![("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=40".to_owned())];
+    let node = start_demo_node(&d, &[], &slow)?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/action_peer.py",
+            &["race", "--count", &count.to_string(), "--pause", "0.2"],
+            Duration::from_secs(300),
+        )
+        .await?;
+    assert_eq!(rep["goals"], count + 1, "{rep}");
+    assert_eq!(
+        rep["goal_responses"],
+        count + 1,
+        "goal responses lost: {rep}"
+    );
+    let mut expected = vec![Value::from(SUCCEEDED); count as usize];
+    expected.push(Value::from(CANCELED));
+    assert_eq!(rep["results"], Value::from(expected), "results lost: {rep}");
+    assert_eq!(rep["cancel"], 1, "the cancel response was lost: {rep}");
+    Ok(())
+}

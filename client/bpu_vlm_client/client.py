@@ -12,7 +12,6 @@ import time
 import uuid
 
 import rclpy
-from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
@@ -20,6 +19,10 @@ from bpu_vlm_msgs.action import Ask as AskAction
 from bpu_vlm_msgs.action import Detect as DetectAction
 from bpu_vlm_msgs.msg import Token
 from bpu_vlm_msgs.srv import Ask, Cancel
+
+# rclpy's own ActionClient can lose a response to a request sent from this thread while the
+# spin thread takes it: see the module.
+from .action_client import ActionClient
 
 # Error codes of a request the node answered after admitting it: its Tokens (with one
 # `last`) were published. Any other failure was refused before generation and has none.

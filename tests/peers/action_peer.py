@@ -23,6 +23,11 @@ subscription sees every Token the node sends as feedback.
             has expired
   sigterm   one long goal; prints "FIRST TOKEN" when its feedback starts (the test then
             stops the node), then waits for its result
+  race      every request of the action client paused right after it is sent (`SlowSends`),
+            so each response is back before the sending call returns: goal responses, the
+            result of a goal that has already ended, a cancel response. rclpy's own
+            ActionClient (`--rclpy-client`) loses each of them; the report counts those that
+            came within `--response-s`
 """
 
 import os
@@ -34,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rclpy  # noqa: E402
 from action_msgs.msg import GoalStatus, GoalStatusArray  # noqa: E402
 from action_msgs.srv import CancelGoal  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
+from rclpy.action import ActionClient as RclpyActionClient  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
 
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
@@ -42,6 +47,7 @@ from bpu_vlm_msgs.srv import Cancel  # noqa: E402
 
 from node_peer import (Peer, check, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
                        rgb8, with_header)
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 
 
 class ActionPeer(Peer):
@@ -50,7 +56,8 @@ class ActionPeer(Peer):
         self.feedback = {}
         self.client_feedback = {}
         self.status_lengths = []
-        self.action = ActionClient(self.node, AskAction, args.action)
+        kind = RclpyActionClient if getattr(args, 'rclpy_client', False) else ActionClient
+        self.action = kind(self.node, AskAction, args.action)
         self.cancel_all_client = self.node.create_client(
             CancelGoal, args.action + '/_action/cancel_goal')
         # As rcl_action's status QoS: a late subscriber gets the latest array.
@@ -246,19 +253,97 @@ def mode_sigterm(p, a):
     return p.result(h, rid)
 
 
+class SlowSends:
+    """An action client's rcl handle whose requests of the `kinds` named (goal, result,
+    cancel) each pause `pause` s once sent, before the client records them: the response is
+    back first, as when a loaded machine preempts the caller right after the send (what the
+    node soak once met)."""
+
+    def __init__(self, handle, pause, kinds):
+        self._handle, self._pause, self._kinds = handle, pause, kinds
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+    def __enter__(self):
+        return self._handle.__enter__()
+
+    def __exit__(self, *exc):
+        return self._handle.__exit__(*exc)
+
+    def _sent(self, kind, seq):
+        if kind in self._kinds:
+            time.sleep(self._pause)
+        return seq
+
+    def send_goal_request(self, request):
+        return self._sent('goal', self._handle.send_goal_request(request))
+
+    def send_result_request(self, request):
+        return self._sent('result', self._handle.send_result_request(request))
+
+    def send_cancel_request(self, request):
+        return self._sent('cancel', self._handle.send_cancel_request(request))
+
+
+def mode_race(p, a):
+    """`count` short goals, each result asked once the goal has ended (so it is answered at
+    once), then a long goal cancelled: every response comes back while its request is still
+    being sent."""
+    p.wait_ask()
+    p.wait_action()
+    p.action._client_handle = SlowSends(p.action._client_handle, a.pause,
+                                        set(a.slow_sends.split(',')))
+
+    def within(future):
+        end = time.monotonic() + a.response_s
+        while not future.done() and time.monotonic() < end:
+            time.sleep(0.01)
+        return future.result() if future.done() else None
+
+    rep = {'goals': 0, 'goal_responses': 0, 'results': [], 'cancel': None}
+    for i in range(a.count):
+        rid = f'race-{i}'
+        rep['goals'] += 1
+        handle = within(p.action.send_goal_async(AskAction.Goal(**greedy(a, rid,
+                                                                         max_new_tokens=2))))
+        if handle is None:
+            continue
+        rep['goal_responses'] += 1
+        while rid not in p.answers and time.monotonic() < p.deadline:
+            time.sleep(0.01)
+        r = within(handle.get_result_async())
+        rep['results'].append(None if r is None else r.status)
+    rep['goals'] += 1
+    handle = within(p.action.send_goal_async(AskAction.Goal(**long_goal(a, 'race-cancel'))))
+    if handle is not None:
+        rep['goal_responses'] += 1
+        p.first_feedback('race-cancel')
+        c = within(handle.cancel_goal_async())
+        rep['cancel'] = None if c is None else len(c.goals_canceling)
+        r = within(handle.get_result_async())
+        rep['results'].append(None if r is None else r.status)
+    return rep
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['protocol', 'expiry', 'sigterm'])
+    ap.add_argument('mode', choices=['protocol', 'expiry', 'sigterm', 'race'])
     ap.add_argument('--action', default='/vlm/ask')
     ap.add_argument('--prompt', default='What do you see?')
     ap.add_argument('--max-new-tokens', type=int, default=12)
     ap.add_argument('--queue-depth', type=int, default=2)
     ap.add_argument('--count', type=int, default=150)
     ap.add_argument('--timeout', type=float, default=240.0)
+    ap.add_argument('--pause', type=float, default=0.2, help='race: pause after each send')
+    ap.add_argument('--response-s', type=float, default=10.0, help='race: wait per response')
+    ap.add_argument('--slow-sends', default='goal,result,cancel', help='race: which pause')
+    ap.add_argument('--rclpy-client', action='store_true', help="race: rclpy's ActionClient")
     a = ap.parse_args()
     rclpy.init()
     p = ActionPeer(a)
-    modes = {'protocol': mode_protocol, 'expiry': mode_expiry, 'sigterm': mode_sigterm}
+    modes = {'protocol': mode_protocol, 'expiry': mode_expiry, 'sigterm': mode_sigterm,
+             'race': mode_race}
     report_and_exit(lambda: modes[a.mode](p, a))
 
 

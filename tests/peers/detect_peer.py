@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from node_peer import (Peer, check, nv12, peer_arguments, plain, report_and_exit,  # noqa: E402
                        rgb8, with_header)
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 from bpu_vlm_msgs.action import Detect as DetectAction  # noqa: E402
 from bpu_vlm_msgs.srv import Detect  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 
 W, H = 640, 480
 

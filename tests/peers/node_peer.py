@@ -33,6 +33,9 @@ from bpu_vlm_msgs.srv import Ask, Cancel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 IMAGES = os.path.join(ROOT, 'tools', 'fixtures', 'images')
+# The checkout's client package before any installed copy: the peers take its race-free
+# ActionClient (`bpu_vlm_client.action_client`; rclpy's own can lose a response).
+sys.path.insert(0, os.path.join(ROOT, 'client'))
 
 
 def check(condition, what):

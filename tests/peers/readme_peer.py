@@ -30,12 +30,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rclpy  # noqa: E402
 import yaml  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 from rclpy.executors import MultiThreadedExecutor  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy, qos_profile_sensor_data  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
 from node_peer import check, load_rgb, rgb8, report_and_exit  # noqa: E402
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), '..', '..'))
 PICTURE = 'tools/fixtures/images/scene_b.png'

@@ -28,13 +28,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cv2  # noqa: E402
 import jsonschema  # noqa: E402
 import rclpy  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 from sensor_msgs.msg import CompressedImage  # noqa: E402
 
 from bpu_vlm_msgs.action import Ask as AskAction  # noqa: E402
 from bpu_vlm_msgs.srv import Ask  # noqa: E402
 from node_peer import (Peer, check, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
                        rgb8, with_header)
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 
 # Enums, bounded integers, a bounded array of bounded strings, booleans, a nested object and
 # required keys; no additional properties, so every value ends within a bounded length.

@@ -41,10 +41,10 @@ from rclpy.qos import qos_profile_sensor_data
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'tests', 'peers'))
 from node_peer import load_rgb, rgb8  # noqa: E402  (the test peer's frame helpers)
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 
 from bpu_vlm_msgs.action import Detect  # noqa: E402
 from bpu_vlm_msgs.srv import Ask  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
 from diagnostic_msgs.msg import DiagnosticArray  # noqa: E402
 from sensor_msgs.msg import Image  # noqa: E402
 
