@@ -4,7 +4,10 @@
 //! and each box the mapping of the numbers in `text` (x·W/1000, y·H/1000, ±1 px) — on a
 //! request image and on raw, compressed and NV12 camera frames; every result is on
 //! `vlm/detections`, and `vlm/annotated` shows the frame (its header and size) with the
-//! boxes drawn. The rclpy peer is `tests/peers/detect_peer.py`.
+//! boxes drawn; a `vlm/detect` goal's feedback gives each object the box, label and score the
+//! result gives it. A detect stopped by `/vlm/cancel` is `cancelled` with the objects found
+//! so far (published only when there is one), and one whose answer budget is above
+//! `max_request_new_tokens` is refused. The rclpy peer is `tests/peers/detect_peer.py`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -211,6 +214,11 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
                 "feedback {n}: the boxes as in the result"
             );
             assert_eq!(a["header"], b["header"]);
+            // The label and its score too: the feedback scores an object as the result does.
+            assert_eq!(
+                a["results"], b["results"],
+                "feedback {n}: the label and score as in the result"
+            );
         }
     }
     // Cancelled after its first object: CANCELED with the objects closed so far (the answer
@@ -498,6 +506,11 @@ async fn cancel_by_request_id_stops_a_running_detect_and_the_budget_is_capped() 
                 "{case}"
             );
             assert_eq!(result.len(), 1);
+            // Its label and score as the (partial) result gives them.
+            assert_eq!(
+                last["detections"][0]["results"], result[0]["results"],
+                "{case}: the feedback's score is the result's"
+            );
         } else {
             assert!(fed.is_empty(), "{case}: no object, no feedback: {fed:?}");
         }
