@@ -130,7 +130,10 @@ async fn detect_hands_out_each_object_as_found_then_the_result() -> anyhow::Resu
     ]);
     assert_eq!(rep["result"], want, "{rep}");
     // Every object of the result was handed out as it was found, in order, with the same
-    // box and label (the score comes only with the result, so it is not compared).
+    // box and label, and the same score: the label's tokens were the only ones the held
+    // answer allowed, so probability 1.
     assert_eq!(rep["found"], rep["result"], "{rep}");
+    assert_eq!(rep["result_scores"], serde_json::json!([1.0, 1.0]), "{rep}");
+    assert_eq!(rep["found_scores"], rep["result_scores"], "{rep}");
     Ok(())
 }

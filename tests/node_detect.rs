@@ -4,7 +4,10 @@
 //! and each box the mapping of the numbers in `text` (x·W/1000, y·H/1000, ±1 px) — on a
 //! request image and on raw, compressed and NV12 camera frames; every result is on
 //! `vlm/detections`, and `vlm/annotated` shows the frame (its header and size) with the
-//! boxes drawn. The rclpy peer is `tests/peers/detect_peer.py`.
+//! boxes drawn; a `vlm/detect` goal's feedback gives each object the box, label and score the
+//! result gives it. A detect stopped by `/vlm/cancel` is `cancelled` with the objects found
+//! so far (published only when there is one), and one whose answer budget is above
+//! `max_request_new_tokens` is refused. The rclpy peer is `tests/peers/detect_peer.py`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -211,6 +214,11 @@ async fn detections_are_well_formed_in_the_source_frames_pixels() -> anyhow::Res
                 "feedback {n}: the boxes as in the result"
             );
             assert_eq!(a["header"], b["header"]);
+            // The label and its score too: the feedback scores an object as the result does.
+            assert_eq!(
+                a["results"], b["results"],
+                "feedback {n}: the label and score as in the result"
+            );
         }
     }
     // Cancelled after its first object: CANCELED with the objects closed so far (the answer
@@ -337,5 +345,187 @@ async fn a_held_answer_gives_the_known_box_on_every_kind_of_frame() -> anyhow::R
     );
     let drawn: [u8; 3] = serde_json::from_value(e["drawn"].clone())?;
     assert_eq!(drawn, annotate::PALETTE[0], "{e}");
+    Ok(())
+}
+
+/// The held answer of the cancel tests: two objects, so a cancel after the first one closed
+/// still finds the answer running.
+const HELD_TWO: &str =
+    r#"[{"bbox_2d":[100,200,300,400],"label":"cup"},{"bbox_2d":[500,500,900,900],"label":"box"}]"#;
+
+/// `max_request_new_tokens` of the cancel test's node: the budget of exactly two objects
+/// (`DetectSpec::token_budget`: 2 + 68·n + (n − 1) + 1), so `max_objects` 2 is admitted
+/// and 3 is not.
+const TWO_OBJECT_BUDGET: &str = "140";
+
+/// The corners of a detection's box.
+fn corners(d: &Value) -> [f64; 4] {
+    let b = &d["bbox"];
+    let (cx, cy) = (
+        num(&b["center"]["position"]["x"]),
+        num(&b["center"]["position"]["y"]),
+    );
+    let (sx, sy) = (num(&b["size_x"]), num(&b["size_y"]));
+    [cx - sx / 2.0, cy - sy / 2.0, cx + sx / 2.0, cy + sy / 2.0]
+}
+
+/// A detect stopped by `/vlm/cancel` with its request id: the cancel found it, the response
+/// (or result) is `cancelled` with the answer so far — a strict prefix of the held answer —
+/// and the objects closed in it: none when cancelled at its first Token (and nothing on
+/// `vlm/detections`), the cup when cancelled after it closed (and that array published).
+fn check_cancelled(case: &str, r: &Value, rid: &str, after_first_object: bool) {
+    assert_eq!(
+        r["cancel"]["success"], true,
+        "{case}: /vlm/cancel {}",
+        r["cancel"]
+    );
+    let resp = &r["response"];
+    assert_eq!(resp["success"], false, "{case}: {resp}");
+    assert_eq!(resp["error_code"], "cancelled", "{case}: {resp}");
+    assert_eq!(resp["request_id"], rid, "{case}");
+    let text = resp["text"].as_str().unwrap();
+    assert!(
+        HELD_TWO.starts_with(text) && text.len() < HELD_TWO.len(),
+        "{case}: the answer stopped before its end: {text:?}"
+    );
+    let frame_id = format!("{rid}_frame");
+    assert_eq!(
+        resp["image_header"]["frame_id"],
+        frame_id.as_str(),
+        "{case}"
+    );
+    let array = &resp["detections"];
+    assert_eq!(array["header"], resp["image_header"], "{case}");
+    let dets = array["detections"].as_array().unwrap();
+    let topic = r["topic"].as_array().unwrap();
+    eprintln!(
+        "{case}: cancelled at {:?}, stopped at {text:?}, {} objects, {} published",
+        r["cancelled_at"],
+        dets.len(),
+        topic.len()
+    );
+    if after_first_object {
+        assert!(
+            text.contains('}') && !text.ends_with(']'),
+            "{case}: {text:?}"
+        );
+        assert_eq!(dets.len(), 1, "{case}: the object closed before the cancel");
+        assert_eq!(corners(&dets[0]), [64.0, 96.0, 192.0, 192.0], "{case}");
+        assert_eq!(dets[0]["results"][0]["hypothesis"]["class_id"], "cup");
+        assert_eq!(dets[0]["header"], resp["image_header"], "{case}");
+        assert_eq!(topic.len(), 1, "{case}: published once: {topic:?}");
+        assert_eq!(
+            &topic[0], array,
+            "{case}: vlm/detections holds the result's array"
+        );
+    } else {
+        assert!(
+            !text.contains('}'),
+            "{case}: the cancel came after an object closed: {text:?}"
+        );
+        assert!(dets.is_empty(), "{case}: {array}");
+        assert!(
+            topic.is_empty(),
+            "{case}: a cancelled detect with no object is not published: {topic:?}"
+        );
+    }
+}
+
+/// A detect over the node's `max_request_new_tokens`: refused `invalid_request` before
+/// anything runs, the reason naming the parameter, nothing published.
+fn check_over_budget(case: &str, resp: &Value) {
+    assert_eq!(resp["success"], false, "{case}: {resp}");
+    assert_eq!(resp["error_code"], "invalid_request", "{case}: {resp}");
+    let why = resp["error_message"].as_str().unwrap();
+    assert!(
+        why.contains("max_request_new_tokens") && why.contains(TWO_OBJECT_BUDGET),
+        "{case}: the reason names the parameter and its value: {why}"
+    );
+    assert_eq!(resp["text"], "", "{case}: nothing ran");
+    assert_eq!(resp["completion_tokens"], 0, "{case}");
+    assert_eq!(resp["detections"]["detections"], serde_json::json!([]));
+}
+
+/// `/vlm/cancel` by request id stops a running detect, over the service and as a
+/// `vlm/detect` goal (ABORTED, as it stops an Ask goal): `cancelled`, with the objects
+/// found so far, published on `vlm/detections` only when there is one. The BPU is slowed
+/// so each answer is still running when its cancel arrives. On the same node, with
+/// `max_request_new_tokens` at exactly the two-object budget: a detect of 2 objects runs
+/// (the cancelled ones), one of 3 — or of the default 16 — is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_by_request_id_stops_a_running_detect_and_the_budget_is_capped() -> anyhow::Result<()>
+{
+    ros_env();
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.remove(0);
+    env.push(("VLM_NODE_TEST_DETECT_ANSWER", HELD_TWO.to_owned()));
+    env.push(("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=40".to_owned()));
+    let node = start_demo_node(&d, &[("max_request_new_tokens", TWO_OBJECT_BUDGET)], &env)?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/detect_peer.py",
+            &["--cancels"],
+            Duration::from_secs(300),
+        )
+        .await?;
+
+    check_cancelled(
+        "service, first Token",
+        &rep["service_early"],
+        "dc-early",
+        false,
+    );
+    check_cancelled(
+        "service, first object",
+        &rep["service_late"],
+        "dc-late",
+        true,
+    );
+    for (case, key, rid, late) in [
+        ("goal, first Token", "goal_early", "gc-early", false),
+        ("goal, first object", "goal_late", "gc-late", true),
+    ] {
+        let r = &rep[key];
+        assert_eq!(r["status"], 6, "{case}: ABORTED, as an Ask goal: {r}");
+        check_cancelled(case, r, rid, late);
+        let fed = r["feedback"].as_array().unwrap();
+        let result = r["response"]["detections"]["detections"]
+            .as_array()
+            .unwrap();
+        if late {
+            // The feedback that told of the cup, and the result keeps it.
+            let last = fed.last().expect("the first object's feedback");
+            let boxes = |v: &Value| -> Vec<[f64; 4]> {
+                v.as_array().unwrap().iter().map(corners).collect()
+            };
+            assert_eq!(
+                boxes(&last["detections"]),
+                boxes(&r["response"]["detections"]["detections"]),
+                "{case}"
+            );
+            assert_eq!(result.len(), 1);
+            // Its label and score as the (partial) result gives them.
+            assert_eq!(
+                last["detections"][0]["results"], result[0]["results"],
+                "{case}: the feedback's score is the result's"
+            );
+        } else {
+            assert!(fed.is_empty(), "{case}: no object, no feedback: {fed:?}");
+        }
+    }
+
+    for case in ["budget_three", "budget_default"] {
+        let r = &rep[case];
+        check_over_budget(case, &r["response"]);
+        assert!(
+            r.get("topic").unwrap().as_array().unwrap().is_empty(),
+            "{case}: published"
+        );
+    }
+    let goal = &rep["budget_goal"];
+    assert_eq!(goal["status"], 6, "ABORTED: {goal}");
+    check_over_budget("goal of 3 objects", &goal["response"]);
     Ok(())
 }

@@ -270,8 +270,8 @@ class VlmClient:
         """Sends a `vlm/detect` goal and returns its result: `detections` (a
         vision_msgs/Detection2DArray in the source frame's pixels, with its header), `text`
         (the model's answer as generated), `success`, `error_code`, ... `on_detection(d)` is
-        called with each vision_msgs/Detection2D as soon as the node has found it (score 0
-        until the result). Raises RuntimeError when the node rejects the goal."""
+        called with each vision_msgs/Detection2D as soon as the node has found it (with the
+        score the result gives it). Raises RuntimeError when the node rejects the goal."""
         self._ready(self._detect.wait_for_server, 'action ' + self.names['detect'])
         fields.setdefault('request_id', new_request_id())
         rid = fields['request_id']

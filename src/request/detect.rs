@@ -159,10 +159,7 @@ fn found(
     let partial = scanner
         .push(&answer.answer)
         .iter()
-        .filter_map(|r| {
-            let score = scores.map_or(0.0, |s| s.geometric_mean(r.label_span.clone()));
-            grounding::to_pixels(r, w, h, score)
-        })
+        .filter_map(|r| grounding::to_pixels(r, w, h, grounding::label_score(r, scores)))
         .collect();
     (answer, partial)
 }

@@ -1,7 +1,9 @@
 //! Detections as `vision_msgs`, and a `vlm/detect` goal's feedback: the detections found so
 //! far, sent each time the answer's next JSON object closes (the Tokens of the answer are
-//! scanned as they are published). Feedback carries no scores (the token probabilities are
-//! read once the answer is complete: each feedback score is 0); the result has them.
+//! scanned as they are published). Each object's score is read from the tokens drawn so far
+//! ([`LiveScores`]) by the rule the result uses ([`grounding::label_score`]), so an object
+//! has the same score in the feedback and in the result (0 only when the drawn tokens could
+//! not be read: then the result alone has it).
 
 use std::sync::Mutex;
 
@@ -12,7 +14,7 @@ use r2r::vision_msgs::msg::{
     Point2D, Pose2D,
 };
 use r2r::Publisher;
-use vlm::grounding::{self, Detection, Kind, ObjectScanner};
+use vlm::grounding::{self, Detection, Kind, LiveScores, ObjectScanner};
 
 use crate::msgs::action::Detect as DetectAction;
 use crate::msgs::msg::Token;
@@ -60,6 +62,8 @@ struct State {
     /// The frame's header and size, once the worker has chosen the frame.
     frame: Option<(Header, usize, usize)>,
     found: Vec<Detection>,
+    /// The tokens drawn so far, once the worker has set the turn up to share them.
+    scores: Option<LiveScores>,
 }
 
 impl DetectFeedback {
@@ -75,6 +79,7 @@ impl DetectFeedback {
                 scanner: ObjectScanner::new(kind),
                 frame: None,
                 found: Vec::new(),
+                scores: None,
             }),
         }
     }
@@ -84,6 +89,12 @@ impl DetectFeedback {
     pub(crate) fn bind(&self, header: Header, width: u32, height: u32) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.frame = Some((header, width as usize, height as usize));
+    }
+
+    /// Where the scores of the objects come from (set on the worker before the answer).
+    pub(crate) fn score_with(&self, scores: LiveScores) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.scores = Some(scores);
     }
 
     /// Scans one published Token; sends the detections so far when an object closed.
@@ -96,12 +107,18 @@ impl DetectFeedback {
         let Some((header, w, h)) = s.frame.clone() else {
             return;
         };
+        if closed.is_empty() {
+            return;
+        }
+        let scores = s.scores.as_ref().and_then(|l| l.scores(s.scanner.text()));
         let before = s.found.len();
-        s.found.extend(
-            closed
-                .iter()
-                .filter_map(|r| grounding::to_pixels(r, w, h, 0.0)),
-        );
+        let found: Vec<Detection> = closed
+            .iter()
+            .filter_map(|r| {
+                grounding::to_pixels(r, w, h, grounding::label_score(r, scores.as_ref()))
+            })
+            .collect();
+        s.found.extend(found);
         if s.found.len() == before {
             return;
         }

@@ -7,12 +7,14 @@
 
 use vlm::assistant::{Assistant, Reply, Turn};
 use vlm::engine::ImageInput;
-use vlm::grounding::{fit_budget, TokenScores};
+use vlm::grounding::{fit_budget, LiveScores, TokenScores};
+use vlm::sampler::DrawnLog;
 use vlm::vision::RgbImage;
 
 use crate::interface::ErrorCode;
 use crate::serve::failure::Failure;
 use crate::serve::job::{Images, JobPlan};
+use crate::serve::token_sink::GoalFeedback;
 
 /// Refuses (`context_overflow`) a detect whose full answer would not fit the window after its
 /// prompt. A pre-filled frame is counted as the image it stands for: the same rows.
@@ -39,6 +41,24 @@ pub(crate) fn fit(plan: &JobPlan, assistant: &Assistant) -> Result<(), Failure> 
     fit_budget(&tap.spec, assistant.info().context, rows)
         .map(|_| ())
         .map_err(|e| overflow(e.to_string()))
+}
+
+/// A `vlm/detect` goal's feedback scores each object as it closes: the turn shares its drawn
+/// tokens with it (only a goal pays for that; a `/detect` request has no feedback).
+pub(crate) fn share_scores(
+    plan: &mut JobPlan,
+    assistant: &Assistant,
+    feedback: Option<&GoalFeedback>,
+) {
+    let (Some(_), Some(GoalFeedback::Detect(f))) = (&plan.detect, feedback) else {
+        return;
+    };
+    let log = DrawnLog::new();
+    plan.turn.drawn_log = Some(log.clone());
+    f.score_with(LiveScores::new(
+        log,
+        assistant.template().tokenizer().clone(),
+    ));
 }
 
 /// Leaves the reply's token scores, and the frame when wanted, for the request.

@@ -54,6 +54,11 @@ impl<'a> TokenSink<'a> {
         Self { feedback, ..self }
     }
 
+    /// The goal's feedback the Tokens also go to, if any.
+    pub(crate) fn feedback(&self) -> Option<&'a GoalFeedback> {
+        self.feedback
+    }
+
     /// Publishes one delta; an empty one is skipped (it would carry nothing), and so is one
     /// after the `last` Token.
     pub(crate) fn delta(&mut self, text: String, reasoning: bool) {

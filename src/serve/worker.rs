@@ -551,6 +551,7 @@ fn generate(
     if plan.session_id.is_some() && conversation.is_none() {
         tracing::info!("new session");
     }
+    detections::share_scores(plan, assistant, sink.feedback());
     let mut first = true;
     let mut on_event = |e: Event| {
         if let Event::Text { text, reasoning } = e {

@@ -84,7 +84,9 @@ def mode_detect(a):
     return {'success': r.success, 'error_code': r.error_code, 'text': r.text,
             'frame_id': r.detections.header.frame_id,
             'result': [box(d) for d in r.detections.detections],
-            'found': [box(d) for d in found]}
+            'found': [box(d) for d in found],
+            'result_scores': [d.results[0].hypothesis.score for d in r.detections.detections],
+            'found_scores': [d.results[0].hypothesis.score for d in found]}
 
 
 def main():

@@ -6,6 +6,11 @@ request image, and on a raw (rgb8), a compressed (jpeg) and an NV12 camera topic
 its own frame_id and stamp. For each, the report holds the Detect response, the message seen
 on /vlm/detections for it, and what /vlm/annotated showed (header, size, and the pixels the
 test compares with the source frame).
+
+With --cancels (a held answer on a slow BPU): detects, over the service and as goals,
+stopped by /vlm/cancel with their request id at their first Token and after their first
+object closed, each with what it published on /vlm/detections; then detects whose answer
+budget is above the node's max_request_new_tokens.
 """
 
 import os
@@ -25,7 +30,7 @@ from node_peer import (Peer, check, nv12, peer_arguments, plain, report_and_exit
                        rgb8, with_header)
 from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 from bpu_vlm_msgs.action import Detect as DetectAction  # noqa: E402
-from bpu_vlm_msgs.srv import Detect  # noqa: E402
+from bpu_vlm_msgs.srv import Cancel, Detect  # noqa: E402
 
 W, H = 640, 480
 
@@ -87,14 +92,18 @@ class Detector:
             fb = [d for u, d in self.feedback if u == uuid]
         return {'status': r.status, 'response': plain(r.result), 'feedback': fb}
 
-    def goal(self, **fields):
-        """Sends a vlm/detect goal and waits for its result; the feedback the goal got (read
-        from the feedback topic: DDS does not order it with the result, so wait a little)."""
+    def action_ready(self):
+        """The action server and its feedback publisher are matched."""
         check(self.action.wait_for_server(timeout_sec=self.p.left()), 'no vlm/detect server')
         topic = '/vlm/detect/_action/feedback'
         while self.p.node.count_publishers(topic) == 0 and time.monotonic() < self.p.deadline:
             time.sleep(0.05)
         time.sleep(0.3)
+
+    def goal(self, **fields):
+        """Sends a vlm/detect goal and waits for its result; the feedback the goal got (read
+        from the feedback topic: DDS does not order it with the result, so wait a little)."""
+        self.action_ready()
         g = DetectAction.Goal()
         for k, v in fields.items():
             setattr(g, k, v)
@@ -213,6 +222,101 @@ def four_ways(d, p, rgb, query, rep):
     return req_img
 
 
+def text_so_far(p, rid):
+    with p.lock:
+        ts = sorted(p.tokens.get(rid, []), key=lambda t: t.index)
+    return ''.join(t.text for t in ts if not t.reasoning)
+
+
+def wait_text(p, rid, pred, what):
+    """Waits until the answer's Tokens so far (on /vlm/tokens) satisfy `pred`."""
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        if pred(text_so_far(p, rid)):
+            return
+        time.sleep(0.002)
+    check(False, f'{rid}: {what} never came; text {text_so_far(p, rid)!r}')
+
+
+def first_token(text):
+    return len(text) > 0
+
+
+def first_object(text):
+    # The held answer's labels and numbers hold no brace: its first "}" closes an object.
+    return '}' in text
+
+
+def published(d, frame_id, wait=1.5):
+    """The vlm/detections messages about the frame `frame_id`, after `wait` s (the topic is
+    published before the response, but DDS does not order the two)."""
+    time.sleep(wait)
+    with d.lock:
+        return [plain(m) for m in d.detections if m.header.frame_id == frame_id]
+
+
+def cancel_by_id(d, rid):
+    return plain(d.wait(d.p.cancel_client.call_async(Cancel.Request(request_id=rid)),
+                        f'/vlm/cancel response for {rid}'))
+
+
+def detect_cancelled(p, d, rgb, rid, when, **query):
+    """A /detect request stopped by /vlm/cancel(request_id) once `when` holds for its text."""
+    frame_id = rid + '_frame'
+    req = Detect.Request(request_id=rid, images=[with_header(rgb8(rgb), frame_id, 5, 6)],
+                         **query)
+    fut = d.client.call_async(req)
+    wait_text(p, rid, when, 'the point to cancel at')
+    cancelled_at = text_so_far(p, rid)
+    cancel = cancel_by_id(d, rid)
+    r = d.wait(fut, f'/detect response for {rid}')
+    return {'cancel': cancel, 'cancelled_at': cancelled_at, 'response': plain(r),
+            'topic': published(d, frame_id)}
+
+
+def goal_cancelled_by_id(p, d, rgb, rid, when, **query):
+    """A vlm/detect goal stopped by /vlm/cancel(request_id) once `when` holds for its text."""
+    frame_id = rid + '_frame'
+    g = DetectAction.Goal(request_id=rid, images=[with_header(rgb8(rgb), frame_id, 7, 8)],
+                          **query)
+    handle = d.wait(d.action.send_goal_async(g), f'goal response for {rid}')
+    wait_text(p, rid, when, 'the point to cancel at')
+    cancelled_at = text_so_far(p, rid)
+    cancel = cancel_by_id(d, rid)
+    r = d.wait(handle.get_result_async(), f'result of {rid}')
+    topic = published(d, frame_id)
+    uuid = bytes(handle.goal_id.uuid)
+    with d.lock:
+        fb = [f for u, f in d.feedback if u == uuid]
+    return {'cancel': cancel, 'cancelled_at': cancelled_at, 'status': r.status,
+            'response': plain(r.result), 'feedback': fb, 'topic': topic}
+
+
+def run_cancels(p, d, rgb):
+    """Detects stopped by /vlm/cancel (their request id) while they run, before and after the
+    held answer's first object closed; and detects whose budget is above the node's
+    max_request_new_tokens."""
+    query = dict(query='cups and boxes', max_objects=2)
+    rep = {
+        'service_early': detect_cancelled(p, d, rgb, 'dc-early', first_token, **query),
+        'service_late': detect_cancelled(p, d, rgb, 'dc-late', first_object, **query),
+    }
+    d.action_ready()
+    rep['goal_early'] = goal_cancelled_by_id(p, d, rgb, 'gc-early', first_token, **query)
+    rep['goal_late'] = goal_cancelled_by_id(p, d, rgb, 'gc-late', first_object, **query)
+    img = [with_header(rgb8(rgb), 'budget_frame', 3, 4)]
+    for case, n in [('budget_three', 3), ('budget_default', 0)]:
+        r = d.detect(request_id=f'db-{n}', query='cups', max_objects=n, images=img)
+        r.pop('annotated_rgb', None)
+        r['topic'] = published(d, 'budget_frame', wait=0.5)
+        rep[case] = r
+    h = d.wait(d.action.send_goal_async(DetectAction.Goal(
+        request_id='gb-3', query='cups', max_objects=3, images=img)), 'goal response for gb-3')
+    r = d.wait(h.get_result_async(), 'result of gb-3')
+    rep['budget_goal'] = {'status': r.status, 'response': plain(r.result)}
+    return rep
+
+
 def run(p, a):
     p.wait_ask()
     d = Detector(p)
@@ -221,6 +325,8 @@ def run(p, a):
     rgb = frame()
     rep = {'width': W, 'height': H}
     query = dict(query='boxes and blocks', max_objects=a.max_objects)
+    if a.cancels:
+        return run_cancels(p, d, rgb)
     req_img = four_ways(d, p, rgb, query, rep)
     if a.held:
         return rep
@@ -255,6 +361,9 @@ def main():
     ap.add_argument('--max-objects', type=int, default=3)
     ap.add_argument('--held', action='store_true',
                     help='the node holds every answer to one value: only the four frames')
+    ap.add_argument('--cancels', action='store_true',
+                    help='a held answer on a slow BPU: detects cancelled by request id, and '
+                         'detects over the max_request_new_tokens budget')
     ap.add_argument('--timeout', type=float, default=280.0)
     a = ap.parse_args()
     import rclpy

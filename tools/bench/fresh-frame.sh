@@ -9,7 +9,9 @@
 #   same pixels every frame, see tools/bench/fresh_frame.py)
 #   SCENE_CHECK=true|false sets the node's scene_check (default true, the node's default;
 #   false: the timer-driven priming before scene checks). DETECT=N sends N vlm/detect goals
-#   instead of the asks (time to the first complete detection and to the result).
+#   instead of the asks (time to the first complete detection and to the result);
+#   DETECT_POINTS=true asks them for points (see tools/bench/fresh_frame.py: this package's
+#   boxes have no width).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
@@ -29,6 +31,8 @@ fi
 # large-frame profile.
 export FASTRTPS_DEFAULT_PROFILES_FILE="$ROOT/launch/fastdds_large_frames.xml"
 export FASTDDS_DEFAULT_PROFILES_FILE="$FASTRTPS_DEFAULT_PROFILES_FILE"
+POINTS=()
+if [ "${DETECT_POINTS:-false}" = true ]; then POINTS=(--points); fi
 for CAMERA in ${4:-fixed}; do
 for PREFILL in ${2:-true false}; do
   BPU_SIM_TIMING=s100p RUST_LOG=${RUST_LOG:-warn} "$BIN/vlm_node" --ros-args \
@@ -38,7 +42,7 @@ for PREFILL in ${2:-true false}; do
   PID=$!
   trap 'kill -INT $PID 2>/dev/null || true' EXIT
   .ros2/venv/bin/python tools/bench/fresh_frame.py --asks "${1:-30}" --seed "${3:-1}" \
-    --camera "$CAMERA" --detect "${DETECT:-0}" \
+    --camera "$CAMERA" --detect "${DETECT:-0}" "${POINTS[@]}" \
     --label "prefill_latest_frame=$PREFILL scene_check=${SCENE_CHECK:-true} camera=$CAMERA"
   kill -INT "$PID"
   trap - EXIT

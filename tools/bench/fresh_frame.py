@@ -23,6 +23,10 @@ between the frame used and 0.2 s before the call).
 --detect N sends N `vlm/detect` goals (query "the cup", max_objects 1) the same way instead of
 asks, and reports per goal the time from sending it to its first complete detection (the first
 feedback with an object) and to its result, with the result's ttft_s and answer tokens.
+--points asks them for points instead of boxes: a package without weights answers the same
+numbers at every coordinate (its logits are one fixed row, and greedy decoding under the
+schema draws the same digits each time), so its one box has no width and is dropped; its one
+point is kept.
 """
 
 import argparse
@@ -66,6 +70,7 @@ def main():
                     choices=['fixed', 'static', 'occasional', 'moving'])
     ap.add_argument('--switch-s', type=float, default=10.0)
     ap.add_argument('--detect', type=int, default=0)
+    ap.add_argument('--points', action='store_true')
     a = ap.parse_args()
     rng = random.Random(a.seed)
     rclpy.init()
@@ -205,7 +210,7 @@ def detect_goals(node, rng, a):
     client = ActionClient(node, Detect, '/vlm/detect')
     if not client.wait_for_server(timeout_sec=60):
         raise SystemExit('no vlm/detect')
-    first, result, ttft, tokens, objects = [], [], [], [], []
+    first, result, ttft, tokens, objects, texts = [], [], [], [], [], set()
     for i in range(a.detect):
         time.sleep(rng.uniform(a.min_gap, a.max_gap))
         seen = []
@@ -214,7 +219,8 @@ def detect_goals(node, rng, a):
             if fb.feedback.detections.detections and not seen:
                 seen.append(time.monotonic())
 
-        goal = Detect.Goal(request_id=f'd{i}', query='the cup', max_objects=1)
+        goal = Detect.Goal(request_id=f'd{i}', query='the cup', max_objects=1,
+                           points=a.points)
         t0 = time.monotonic()
         handle = client.send_goal_async(goal, feedback_callback=feedback)
         while not handle.done():
@@ -230,6 +236,7 @@ def detect_goals(node, rng, a):
         ttft.append(r.ttft_s)
         tokens.append(r.completion_tokens)
         objects.append(len(r.detections.detections))
+        texts.add(r.text)
         if seen:
             first.append(seen[0] - t0)
     return {
@@ -239,7 +246,9 @@ def detect_goals(node, rng, a):
         'result_s_p95': round(quantile(result, 0.95), 3),
         'ttft_s_median': round(statistics.median(ttft), 3),
         'answer_tokens_median': statistics.median(tokens),
+        'first_detection_s_p95': round(quantile(first, 0.95), 3) if first else None,
         'objects': objects,
+        'texts': sorted(texts),
     }
 
 

@@ -396,6 +396,7 @@ impl Assistant {
         self.states.touched();
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         sampler.record_probabilities(turn.token_probs);
+        sampler.share_drawn(turn.drawn_log.clone());
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         self.images_encoded += new.images.len() as u64;

@@ -10,9 +10,11 @@ use serde_json::Value;
 use vlm::assistant::Assistant;
 use vlm::engine::{CpuOptions, ImageInput};
 use vlm::grounding::{
-    detections_of_reply, fit_budget, DetectSpec, Detection, Kind, LABEL_MAX, MAX_OBJECTS_LIMIT,
+    detections_of_reply, fit_budget, label_score, DetectSpec, Detection, Kind, LiveScores,
+    ObjectScanner, LABEL_MAX, MAX_OBJECTS_LIMIT,
 };
-use vlm::sampler::{SamplingParams, TokenConstraint, TokenMask};
+use vlm::sampler::{DrawnLog, SamplingParams, TokenConstraint, TokenMask};
+use vlm::stream::Event;
 use vlm::structured::JsonSchemas;
 use vlm::vision::RgbImage;
 
@@ -169,6 +171,49 @@ fn random_models_give_well_formed_detections() {
         let d = detections_of_reply(&reply, &spec, &tok, w, h).unwrap();
         check_well_formed(&d, &reply.completion.text, &spec, w, h);
         objects += d.len();
+    }
+    assert!(objects > 0, "random models never found anything");
+}
+
+/// Scored while the answer streams (each object when it closes, from the turn's drawn log),
+/// an object has the score the complete reply gives it.
+#[test]
+fn objects_scored_as_they_close_have_the_replys_scores() {
+    let mut a = open("tiny-sym");
+    let tok = common::tokenizer();
+    let schemas = a.json_schemas();
+    let mut objects = 0;
+    for seed in 0..6u64 {
+        let spec = DetectSpec::new("cups", 3, false).unwrap();
+        let mut turn = spec.turn(&schemas, vec![frame(64, 48)]).unwrap();
+        turn.sampling = SamplingParams {
+            temperature: 1.0,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        };
+        let log = DrawnLog::new();
+        turn.drawn_log = Some(log.clone());
+        let live = LiveScores::new(log, tok.clone());
+        let mut scanner = ObjectScanner::new(spec.kind);
+        let mut streamed = Vec::new();
+        let reply = a
+            .ask(None, &turn, &mut |e| {
+                if let Event::Text { text, .. } = e {
+                    let closed = scanner.push(&text);
+                    let scores = live.scores(scanner.text());
+                    for r in closed {
+                        streamed.push((r.index, label_score(&r, scores.as_ref())));
+                    }
+                }
+            })
+            .unwrap();
+        let d = detections_of_reply(&reply, &spec, &tok, 64, 48).unwrap();
+        let whole: Vec<(usize, f32)> = d.iter().map(|d| (d.index, d.score)).collect();
+        // Empty boxes are dropped from the reply's detections, not from the scanner's.
+        streamed.retain(|(i, _)| whole.iter().any(|(j, _)| i == j));
+        assert_eq!(streamed, whole, "{}", reply.completion.text);
+        assert!(whole.iter().all(|&(_, s)| s > 0.0), "{whole:?}");
+        objects += whole.len();
     }
     assert!(objects > 0, "random models never found anything");
 }

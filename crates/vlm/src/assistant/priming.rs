@@ -315,6 +315,7 @@ impl Assistant {
         }
         let mut sampler = Sampler::new(turn.sampling.clone()).map_err(EngineError::from)?;
         sampler.record_probabilities(turn.token_probs);
+        sampler.share_drawn(turn.drawn_log.clone());
         let seed = sampler.seed();
         let stream = self.stream_config(turn, prompt.starts_in_think);
         let lead = Lead {

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::ImageKey;
 use crate::engine::{ConstraintOutcome, ImageInput, StateBlob};
-use crate::sampler::SamplingParams;
+use crate::sampler::{DrawnLog, SamplingParams};
 use crate::stream::Completion;
 use crate::structured::{JsonSchema, SchemaError};
 
@@ -55,6 +55,9 @@ pub struct Turn {
     /// over the allowed ids per token, so only a request that scores its answer asks
     /// (detections, `crate::grounding`).
     pub token_probs: bool,
+    /// With [`Turn::token_probs`]: each drawn token and its probability also go here as they
+    /// are drawn, so a reader scores a partial answer while it streams (a detect's feedback).
+    pub drawn_log: Option<DrawnLog>,
 }
 
 impl Turn {
@@ -77,6 +80,7 @@ impl Turn {
             keep: false,
             json_schema: None,
             token_probs: false,
+            drawn_log: None,
         }
     }
 

@@ -25,7 +25,7 @@ mod parse;
 mod score;
 
 pub use parse::{parse, ObjectScanner, RawObject};
-pub use score::TokenScores;
+pub use score::{label_score, LiveScores, TokenScores};
 
 use std::sync::Arc;
 
@@ -299,10 +299,7 @@ pub fn detections(
     let raw = parse(text, kind)?;
     Ok(raw
         .iter()
-        .filter_map(|r| {
-            let score = scores.map_or(0.0, |s| s.geometric_mean(r.label_span.clone()));
-            to_pixels(r, width, height, score)
-        })
+        .filter_map(|r| to_pixels(r, width, height, label_score(r, scores)))
         .collect())
 }
 

@@ -2,8 +2,12 @@
 //! so a label's score is read off the tokens that carry its characters.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use tokenizers::Tokenizer;
+
+use super::RawObject;
+use crate::sampler::DrawnLog;
 
 /// The answer's tokens as byte ranges of its text, with their probabilities
 /// ([`crate::sampler::probability`]: the model's softmax over the ids the schema allowed at
@@ -50,6 +54,36 @@ impl TokenScores {
             return 0.0;
         }
         (sum / n as f64).exp() as f32
+    }
+}
+
+/// An object's score: the geometric mean of the probabilities of its label's tokens
+/// ([`TokenScores::geometric_mean`]); 0 without scores. The one rule for a result's objects
+/// and a feedback's, so both give an object the same score.
+pub fn label_score(raw: &RawObject, scores: Option<&TokenScores>) -> f32 {
+    scores.map_or(0.0, |s| s.geometric_mean(raw.label_span.clone()))
+}
+
+/// Scores of an answer while it streams: the tokens drawn so far, read from the turn's
+/// [`DrawnLog`] ([`crate::assistant::Turn::drawn_log`]). An object's label is drawn before
+/// the brace that closes it, so once the object closed its score here is the one the
+/// complete answer gives it.
+#[derive(Debug, Clone)]
+pub struct LiveScores {
+    log: DrawnLog,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl LiveScores {
+    pub fn new(log: DrawnLog, tokenizer: Arc<Tokenizer>) -> Self {
+        Self { log, tokenizer }
+    }
+
+    /// The scores of `text`, the answer so far; `None` when the tokens drawn so far do not
+    /// decode to it (a token whose text the stream still holds back).
+    pub fn scores(&self, text: &str) -> Option<TokenScores> {
+        let (ids, probs) = self.log.snapshot();
+        TokenScores::new(&self.tokenizer, &ids, &probs, text)
     }
 }
 

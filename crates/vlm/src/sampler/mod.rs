@@ -14,10 +14,12 @@
 
 mod candidates;
 mod constraint;
+mod drawn;
 mod params;
 
 pub use candidates::argmax;
 pub use constraint::{probability, ConstraintError, TokenConstraint, TokenMask};
+pub use drawn::DrawnLog;
 pub use params::{
     SamplerError, SamplingParams, GREEDY_TEMPERATURE, MIN_ADDITIVE_PENALTY, MIN_REPETITION_PENALTY,
 };
@@ -49,6 +51,8 @@ pub struct Sampler {
     masked: Vec<f32>,
     /// The probability of each drawn token, when recording ([`Sampler::record_probabilities`]).
     drawn_probs: Option<Vec<f32>>,
+    /// Where each drawn token also goes while recording ([`Sampler::share_drawn`]).
+    drawn_log: Option<DrawnLog>,
 }
 
 impl Sampler {
@@ -72,6 +76,7 @@ impl Sampler {
             sel: Vec::new(),
             masked: Vec::new(),
             drawn_probs: None,
+            drawn_log: None,
         })
     }
 
@@ -91,6 +96,12 @@ impl Sampler {
     /// `crate::grounding`).
     pub fn record_probabilities(&mut self, on: bool) {
         self.drawn_probs = on.then(Vec::new);
+    }
+
+    /// While recording, also writes each drawn token's id and probability to `log` as it is
+    /// drawn, for a reader that wants them before the reply ends; `None` stops that.
+    pub fn share_drawn(&mut self, log: Option<DrawnLog>) {
+        self.drawn_log = log;
     }
 
     /// The probabilities recorded so far, one per drawn token in order (eos included); empty
@@ -142,10 +153,20 @@ impl Sampler {
     /// `min_keep`), and a draw from the remaining mass with the seeded ChaCha RNG.
     pub fn sample(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
         let id = self.sample_row(logits)?;
-        if let Some(v) = self.drawn_probs.as_mut() {
-            v.push(probability(logits, None, id));
-        }
+        self.record(id, || probability(logits, None, id));
         Ok(id)
+    }
+
+    /// Records the drawn `id`'s probability when recording (computed only then).
+    fn record(&mut self, id: u32, probability: impl FnOnce() -> f32) {
+        let Some(v) = self.drawn_probs.as_mut() else {
+            return;
+        };
+        let p = probability();
+        v.push(p);
+        if let Some(log) = &self.drawn_log {
+            log.push(id, p);
+        }
     }
 
     fn sample_row(&mut self, logits: &[f32]) -> Result<u32, SamplerError> {
@@ -307,9 +328,7 @@ impl Sampler {
         self.masked = row;
         match drawn {
             Ok(id) if mask.allows(id) => {
-                if let Some(v) = self.drawn_probs.as_mut() {
-                    v.push(probability(logits, Some(mask), id));
-                }
+                self.record(id, || probability(logits, Some(mask), id));
                 Ok(id)
             }
             // The greedy path takes the first `-inf` of a row with nothing finite left.
@@ -459,6 +478,29 @@ mod tests {
         assert!((p[0] - 0.4).abs() < 1e-6, "{p:?}");
         assert!((p[1] - 0.6).abs() < 1e-6, "{p:?}");
         assert!(s.take_probabilities().is_empty());
+    }
+
+    #[test]
+    fn a_shared_log_gets_each_drawn_token_as_it_is_drawn() {
+        let logits = logits_of(&[0.1, 0.2, 0.3, 0.4]);
+        let mut s = Sampler::new(SamplingParams::default()).unwrap();
+        let log = DrawnLog::new();
+        s.share_drawn(Some(log.clone()));
+        s.sample(&logits).unwrap();
+        assert_eq!(log.snapshot(), (vec![], vec![]), "only while recording");
+        s.record_probabilities(true);
+        s.sample(&logits).unwrap();
+        let mut m = TokenMask::new(4);
+        m.allow(1);
+        assert_eq!(log.snapshot().0, vec![3], "before the reply ends");
+        s.sample_masked(&logits, &m).unwrap();
+        let (ids, probs) = log.snapshot();
+        assert_eq!(ids, vec![3, 1]);
+        assert_eq!(
+            probs,
+            s.take_probabilities(),
+            "the same numbers as the reply's"
+        );
     }
 
     #[test]
