@@ -2,7 +2,8 @@
 //! real ROS 2 graph (peer: `tests/peers/client_peer.py`): `stream` yields only its own
 //! request's text, in order, while another client's request streams on the same topic; the
 //! action goal streams and cancels; a refused request ends its stream at once; a node in a
-//! namespace is reached by naming it; `detect` hands out each object as it is found. The node runs the embedded tiny model on the BPU
+//! namespace is reached by naming it; `detect` hands out each object as it is found; `watch`
+//! hands out every evaluation (the first, quick one included) and ends by `until` or cancel. The node runs the embedded tiny model on the BPU
 //! simulator, each BPU task slowed so two requests overlap.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -135,5 +136,39 @@ async fn detect_hands_out_each_object_as_found_then_the_result() -> anyhow::Resu
     assert_eq!(rep["found"], rep["result"], "{rep}");
     assert_eq!(rep["result_scores"], serde_json::json!([1.0, 1.0]), "{rep}");
     assert_eq!(rep["found_scores"], rep["result_scores"], "{rep}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_hands_out_every_evaluation_and_ends_by_until_or_cancel() -> anyhow::Result<()> {
+    let rep = run("watch", &[], &[]).await?;
+    let until = &rep["until"];
+    assert_eq!(until["success"], true, "{rep}");
+    assert_eq!(until["evaluations"], 1, "{rep}");
+    assert_eq!(until["answer"], "\"yes\"", "{rep}");
+    let fb = rep["until_feedback"].as_array().unwrap();
+    let evals: Vec<_> = fb.iter().filter(|f| f["camera_silent"] == false).collect();
+    assert_eq!(
+        evals.len(),
+        1,
+        "the first evaluation reached the client: {rep}"
+    );
+    assert_eq!(
+        (&evals[0]["answer"], &evals[0]["changed"]),
+        (&until["answer"], &true.into())
+    );
+    assert_eq!(evals[0]["image_header"], until["image_header"], "{rep}");
+
+    assert_eq!(rep["cancel_accepted"], true, "{rep}");
+    let c = &rep["cancelled"];
+    assert_eq!(c["error_code"], "cancelled", "{rep}");
+    let seen = rep["cancel_feedback"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["camera_silent"] == false)
+        .count();
+    assert!(seen >= 1, "{rep}");
+    assert_eq!(c["evaluations"], seen as u64, "{rep}");
     Ok(())
 }

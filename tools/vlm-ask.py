@@ -5,8 +5,13 @@
         [--camera none] [--session ID] [--temperature 0] [--max-new-tokens 64] \
         [--json-schema tools/bench/schemas/gate.json] [--namespace /r2]
 
+    .ros2/venv/bin/python tools/vlm-ask.py --watch "Is the door open?" [--until '"yes"'] \
+        [--min-interval 1] [--max-interval 0] [--watch-timeout 0] [--json-schema FILE]
+
 With --image the picture is first published on --camera-topic (as a camera would, bgr8),
-so the node answers about it. Stands in for `ros2 service call /ask ...` plus
+so the node answers about it. With --watch the question is a standing one (the vlm/watch
+action): each evaluation is printed as it comes, marked when its answer changed, until
+--until is answered, --watch-timeout passes or Ctrl-C cancels it. Stands in for `ros2 service call /ask ...` plus
 `ros2 topic echo /vlm/tokens` (the ros2 CLI is not on PyPI). Exit status 0 when the
 answer completed, 1 otherwise.
 """
@@ -50,7 +55,12 @@ def publish_image(node, path, topic):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument('prompt')
+    p.add_argument('prompt', nargs='?', default='')
+    p.add_argument('--watch', metavar='QUESTION', help='watch this question (vlm/watch)')
+    p.add_argument('--until', default='', help='with --watch: a JSON value that ends the watch')
+    p.add_argument('--min-interval', type=float, default=1.0)
+    p.add_argument('--max-interval', type=float, default=0.0)
+    p.add_argument('--watch-timeout', type=float, default=0.0)
     p.add_argument('--image', help='picture to publish on --camera-topic before asking')
     p.add_argument('--camera-topic', default='/image_raw')
     p.add_argument('--camera', default='', help='Ask.camera ("" = default, "none" = text only)')
@@ -84,6 +94,10 @@ def main():
     if args.json_schema:
         with open(args.json_schema, encoding='utf-8') as f:
             fields['json_schema'] = f.read()
+    if args.watch:
+        return watch(vlm, args, fields.get('json_schema', ''))
+    if not args.prompt:
+        raise SystemExit('a prompt, or --watch QUESTION')
     try:
         stream = vlm.stream(args.prompt, reasoning=True, **fields)
         print(f"[ask] {vlm.names['ask']} {{prompt: {args.prompt!r}}} -> streaming "
@@ -104,6 +118,33 @@ def main():
     if args.session:
         # 1 on a later ask means the node had dropped the session: it started afresh.
         print(f'[ask] session_turn={r.session_turn}')
+    vlm.close()
+    rclpy.try_shutdown()
+    return 0 if r.success else 1
+
+
+def watch(vlm, args, schema):
+    """Runs one watch to its end; exit status 0 when --until was answered."""
+    def on_feedback(f):
+        if f.camera_silent:
+            print('[watch] the camera is silent; waiting for frames', flush=True)
+            return
+        mark = 'CHANGED' if f.changed else 'same'
+        print(f'[watch] #{f.evaluation} {f.answer} ({mark}; frame '
+              f'{f.image_header.stamp.sec}.{f.image_header.stamp.nanosec:09d}, '
+              f'ttft {f.ttft_s:.3f}s, {f.evaluation_s:.3f}s)', flush=True)
+
+    w = vlm.watch(args.watch, on_feedback=on_feedback, camera=args.camera,
+                  json_schema=schema, until=args.until, min_interval_s=args.min_interval,
+                  max_interval_s=args.max_interval, timeout_s=args.watch_timeout)
+    print(f"[watch] {vlm.names['watch']} {{question: {args.watch!r}}} accepted", flush=True)
+    try:
+        r = w.result()
+    except KeyboardInterrupt:
+        w.cancel()
+        r = w.result(timeout=args.timeout)
+    print(f'[watch] success={r.success} error_code={r.error_code!r} {r.error_message} '
+          f'evaluations={r.evaluations} answer={r.answer}')
     vlm.close()
     rclpy.try_shutdown()
     return 0 if r.success else 1

@@ -1,4 +1,5 @@
-"""Python client of vlm_node (bpu_vlm): ask, stream one's own answer, and the Ask action.
+"""Python client of vlm_node (bpu_vlm): ask, stream one's own answer, the Ask action,
+find things (detect) and standing questions (watch).
 
     import rclpy
     from bpu_vlm_client import VlmClient
@@ -11,7 +12,8 @@
 See docs/client.md in the bpu_vlm repository.
 """
 
-from .client import ADMITTED_ERRORS, Goal, Stream, VlmClient, admitted, new_request_id, resolve
+from .client import (ADMITTED_ERRORS, Goal, Stream, VlmClient, Watching, admitted, new_request_id,
+                     resolve)
 
-__all__ = ['ADMITTED_ERRORS', 'Goal', 'Stream', 'VlmClient', 'admitted', 'new_request_id',
-           'resolve']
+__all__ = ['ADMITTED_ERRORS', 'Goal', 'Stream', 'VlmClient', 'Watching', 'admitted',
+           'new_request_id', 'resolve']

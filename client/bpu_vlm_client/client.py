@@ -17,8 +17,10 @@ from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from bpu_vlm_msgs.action import Ask as AskAction
 from bpu_vlm_msgs.action import Detect as DetectAction
+from bpu_vlm_msgs.action import Watch as WatchAction
 from bpu_vlm_msgs.msg import Token
 from bpu_vlm_msgs.srv import Ask, Cancel
+from unique_identifier_msgs.msg import UUID
 
 # rclpy's own ActionClient can lose a response to a request sent from this thread while the
 # spin thread takes it: see the module.
@@ -161,6 +163,38 @@ class Goal:
         return self._client._wait(self._stream._done, until, self.request_id)
 
 
+class Watching:
+    """A running `vlm/watch` goal: `cancel()` it, `result()` once it ended."""
+
+    def __init__(self, client, handle, key):
+        self._client = client
+        self._handle = handle
+        self._key = key
+        self._result = handle.get_result_async()
+
+    def done(self):
+        return self._result.done()
+
+    def cancel(self, timeout=10.0):
+        """Asks the node to cancel the watch; True when it accepted the cancel."""
+        f = self._handle.cancel_goal_async()
+        resp = self._client._wait(lambda: f.result() if f.done() else None,
+                                  time.monotonic() + timeout, 'the watch\'s cancel')
+        return bool(resp.goals_canceling)
+
+    def result(self, timeout=None):
+        """The goal's result (`success`, `error_code`, `evaluations`, the last `answer` and
+        its `image_header`); waits without limit when `timeout` is None."""
+        until = float('inf') if timeout is None else time.monotonic() + timeout
+        try:
+            return self._client._wait(
+                lambda: self._result.result().result if self._result.done() else None,
+                until, 'the watch')
+        finally:
+            if self._result.done():
+                self._client._watch_feedback.pop(self._key, None)
+
+
 class VlmClient:
     """A client of one vlm_node. `namespace` is the node's namespace (its services and
     topics are resolved under it, as the node resolves its relative names); the other names
@@ -170,7 +204,8 @@ class VlmClient:
 
     def __init__(self, node=None, namespace='', *, ask_service='ask',
                  tokens_topic='vlm/tokens', cancel_service='vlm/cancel',
-                 action_name='vlm/ask', detect_action='vlm/detect', timeout=120.0):
+                 action_name='vlm/ask', detect_action='vlm/detect', watch_action='vlm/watch',
+                 timeout=120.0):
         if not rclpy.ok():
             rclpy.init()
         self._own = node is None
@@ -178,7 +213,7 @@ class VlmClient:
         self.timeout = timeout
         self.names = {key: resolve(namespace, name) for key, name in [
             ('ask', ask_service), ('tokens', tokens_topic), ('cancel', cancel_service),
-            ('action', action_name), ('detect', detect_action)]}
+            ('action', action_name), ('detect', detect_action), ('watch', watch_action)]}
         self._lock = threading.Lock()
         self._streams = {}
         self._matched = False
@@ -187,6 +222,14 @@ class VlmClient:
         self._cancel = self.node.create_client(Cancel, self.names['cancel'])
         self._action = ActionClient(self.node, AskAction, self.names['action'])
         self._detect = ActionClient(self.node, DetectAction, self.names['detect'])
+        self._watch = ActionClient(self.node, WatchAction, self.names['watch'])
+        # A watch's feedback from the topic itself, by goal id: the ActionClient drops what
+        # arrives before it has processed the goal's response, and a watch's first evaluation
+        # (from a pre-filled frame) can be that quick.
+        self._watch_feedback = {}
+        self.node.create_subscription(
+            WatchAction.Impl.FeedbackMessage, self.names['watch'] + '/_action/feedback',
+            self._on_watch_feedback, QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE))
         self._executor = None
         self._spinner = None
         if self._own:
@@ -293,7 +336,37 @@ class VlmClient:
         res = handle.get_result_async()
         return self._wait(lambda: res.result().result if res.done() else None, until, rid)
 
+    # -- standing questions ------------------------------------------------------------
+
+    def watch(self, question, on_feedback=None, **fields):
+        """Sends a `vlm/watch` goal and returns a `Watching` (cancel, result) once the node
+        accepted it. `on_feedback(f)` is called with each bpu_vlm_msgs/action/Watch
+        Feedback: an evaluation (`f.answer` as JSON text, `f.changed`, `f.image_header`, ...)
+        or, with `f.camera_silent`, a notice that the camera fell silent. Other fields are the
+        goal's (`json_schema`, `camera`, `min_interval_s`, `max_interval_s`, `until`,
+        `timeout_s`). Raises RuntimeError when the node rejects the goal."""
+        self._ready(self._watch.wait_for_server, 'action ' + self.names['watch'])
+        goal = request_of(WatchAction.Goal, question, fields, first='question')
+        goal_id = UUID(uuid=list(uuid.uuid4().bytes))
+        key = bytes(goal_id.uuid)
+        if on_feedback is not None:
+            with self._lock:
+                self._watch_feedback[key] = on_feedback
+        sent = self._watch.send_goal_async(goal, goal_uuid=goal_id)
+        handle = self._wait(lambda: sent.result() if sent.done() else None,
+                            time.monotonic() + self.timeout, 'the watch')
+        if not handle.accepted:
+            self._watch_feedback.pop(key, None)
+            raise RuntimeError('watch goal rejected by the node')
+        return Watching(self, handle, key)
+
     # -- plumbing --------------------------------------------------------------------
+
+    def _on_watch_feedback(self, msg):
+        with self._lock:
+            callback = self._watch_feedback.get(bytes(msg.goal_id.uuid))
+        if callback is not None:
+            callback(msg.feedback)
 
     def _on_token(self, token):
         with self._lock:

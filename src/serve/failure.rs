@@ -36,6 +36,8 @@ fn classify(e: &AssistantError) -> ErrorCode {
         | AssistantError::Engine(
             EngineError::NoVision | EngineError::Image { .. } | EngineError::Vision(_),
         ) => ErrorCode::InvalidRequest,
+        // Only the request's own cancel interrupts a request's work.
+        AssistantError::Interrupted { .. } => ErrorCode::Cancelled,
         _ => ErrorCode::BackendError,
     }
 }

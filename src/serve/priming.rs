@@ -523,6 +523,16 @@ impl Primer {
                         self.completed = Some((frame, Arc::clone(&p)));
                         p
                     }
+                    // Stopped by the turn's own cancel (a watch evaluation yielding to an ask,
+                    // or a cancelled ask): the priming stays where it stopped, for the next job
+                    // to continue, and the turn ends without running anything else.
+                    Ok(PrimingOutcome::Stopped) if stop() => {
+                        self.stopped = Some(frame);
+                        return Some(Err(AssistantError::Interrupted {
+                            step: "the rest of the frame's priming (the request was cancelled)"
+                                .into(),
+                        }));
+                    }
                     Ok(PrimingOutcome::Stopped) => return None,
                     Err(e) => return Some(Err(e)),
                 }

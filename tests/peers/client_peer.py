@@ -10,15 +10,19 @@ Run with .ros2/venv/bin/python after `source .ros2/setup.bash`. Prints "REPORT <
   refused   `stream` of a request the node refuses (NaN temperature): no delta, a response
   detect    `detect` on a request image: the objects handed to `on_detection` as found, and
             the result
+  watch     `watch` on a camera: a watch that ends by its `until`, one that is cancelled
 """
 
 import os
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import rclpy  # noqa: E402
+from rclpy.qos import qos_profile_sensor_data  # noqa: E402
+from sensor_msgs.msg import Image  # noqa: E402
 
 from bpu_vlm_client import VlmClient  # noqa: E402
 from node_peer import (Peer, load_rgb, peer_arguments, plain, report_and_exit,  # noqa: E402
@@ -89,9 +93,44 @@ def mode_detect(a):
             'found_scores': [d.results[0].hypothesis.score for d in found]}
 
 
+def mode_watch(a):
+    """`watch` on a 10 Hz camera: one watch ends by its `until`, another is cancelled after
+    its first evaluation; the feedback each handed out, and the results."""
+    vlm = VlmClient(namespace=a.namespace, timeout=a.timeout)
+    pub = vlm.node.create_publisher(Image, '/image_raw', qos_profile_sensor_data)
+    frame = rgb8(load_rgb('scene_a.png', (640, 480)))
+    stop = threading.Event()
+
+    def camera():
+        while not stop.is_set():
+            frame.header.stamp = vlm.node.get_clock().now().to_msg()
+            pub.publish(frame)
+            time.sleep(0.1)
+
+    cam = threading.Thread(target=camera, daemon=True)
+    cam.start()
+    try:
+        until_fb, cancel_fb = [], []
+        w = vlm.watch('Is there a cup?', on_feedback=until_fb.append,
+                      json_schema='{"enum": ["yes"]}', until='"yes"')
+        until = w.result(timeout=a.timeout)
+        c = vlm.watch('Is the door open?', on_feedback=cancel_fb.append)
+        end = time.monotonic() + a.timeout
+        while not any(not f.camera_silent for f in cancel_fb) and time.monotonic() < end:
+            time.sleep(0.02)
+        accepted = c.cancel()
+        cancelled = c.result(timeout=a.timeout)
+    finally:
+        stop.set()
+        cam.join()
+    return {'until': plain(until), 'until_feedback': [plain(f) for f in until_fb],
+            'cancel_accepted': accepted, 'cancelled': plain(cancelled),
+            'cancel_feedback': [plain(f) for f in cancel_fb]}
+
+
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['streams', 'action', 'refused', 'detect'])
+    ap.add_argument('mode', choices=['streams', 'action', 'refused', 'detect', 'watch'])
     ap.add_argument('--namespace', default='')
     ap.add_argument('--prompt', default='What is in the picture?')
     ap.add_argument('--prompt2', default='Describe the robot.')
@@ -101,7 +140,8 @@ def main():
     a = ap.parse_args()
     rclpy.init()
     report_and_exit(lambda: {a.mode: {'streams': mode_streams, 'action': mode_action,
-                                      'refused': mode_refused, 'detect': mode_detect}[a.mode](a)})
+                                      'refused': mode_refused, 'detect': mode_detect,
+                                      'watch': mode_watch}[a.mode](a)})
 
 
 if __name__ == '__main__':

@@ -28,7 +28,7 @@ from node_peer import Peer, check, load_rgb, peer_arguments, plain, report_and_e
 
 from bpu_vlm_msgs.action import Watch  # noqa: E402
 from bpu_vlm_msgs.msg import WatchEvent  # noqa: E402
-from rclpy.action import ActionClient  # noqa: E402
+from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from unique_identifier_msgs.msg import UUID  # noqa: E402
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Watch benchmark (BENCHMARKS.md, "Standing questions"): release vlm_node on the 4B-shaped
+# ctx4k package without weights under the simulator's S100P timing model
+# (prefill_tail pads_first), a 640x480 noisy camera at 10 Hz; tools/bench/watch.py once with
+# two watches and once with none, the same seeded ask moments. Not a test.
+#   bash tools/bench/watch.sh [SWITCHES] [SEED] ["2 0"]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+cd "$ROOT"
+bash tools/ros2-bootstrap.sh >/dev/null
+# shellcheck disable=SC1091
+source .ros2/setup.bash
+export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
+cargo build --release -p bpu_vlm --bin vlm_node -p vlm-cli --bin vlm
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
+PKG="$ROOT/.cache/bench/q4b-ctx4k-pads-first"
+if [ ! -f "$PKG/model.json" ]; then
+  "$BIN/vlm" make-sim-package --config tools/bench/configs/qwen35-4b.json --no-weights \
+    --tokenizer tools/fixtures/tokenizer.json --cache-len 4096 \
+    --prefill-pads --prefill-min-tail 5 --pad-layout first --out "$PKG"
+fi
+export FASTRTPS_DEFAULT_PROFILES_FILE="$ROOT/launch/fastdds_large_frames.xml"
+export FASTDDS_DEFAULT_PROFILES_FILE="$FASTRTPS_DEFAULT_PROFILES_FILE"
+for WATCHES in ${3:-2 0}; do
+  BPU_SIM_TIMING=s100p RUST_LOG=${RUST_LOG:-warn} "$BIN/vlm_node" --ros-args \
+    --params-file launch/vlm_params.yaml -p model_dir:="$PKG" -p prefill_tail:=pads_first \
+    -p bpu_timeout_s:=60.0 -p diagnostics_period_s:=0.2 &
+  PID=$!
+  trap 'kill -INT $PID 2>/dev/null || true' EXIT
+  .ros2/venv/bin/python tools/bench/watch.py --watches "$WATCHES" --switches "${1:-8}" \
+    --seed "${2:-1}" --label "watches=$WATCHES"
+  kill -INT "$PID"
+  trap - EXIT
+  wait "$PID"
+done
