@@ -112,7 +112,12 @@ pub(crate) fn serve(
             (outcome, Some(p))
         }
     };
-    log(&outcome);
+    if quiet {
+        // A watch evaluation, often stopped for an ask: its goal reports it.
+        tracing::debug!(ok = outcome.succeeded(), "evaluation served");
+    } else {
+        log(&outcome);
+    }
     // The place is free before the client hears: it may reuse the id at once.
     admission.release();
     // The client may have gone away; nothing to do then.

@@ -539,8 +539,8 @@ fn generate(
     let conversation = plan.session_id.as_deref().and_then(|s| sessions.get(s));
     // A completed priming holds the frame's image: only its key is needed, and the frame is
     // not converted again on the way to the first token.
-    let prefilled_frame =
-        matches!(prefill, Some((Chosen::Completed(_), _))) && conversation.is_none();
+    let prefilled_frame = matches!(prefill, Some((Chosen::Completed(_) | Chosen::Prime(_), _)))
+        && conversation.is_none();
     match plan.images.camera_key().filter(|_| prefilled_frame) {
         Some(key) => plan.turn.image_keys = vec![Some(key)],
         None => {

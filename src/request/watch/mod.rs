@@ -147,6 +147,10 @@ async fn watch(
     progress: &mut Progress,
 ) -> Ending {
     let started = Instant::now();
+    // As an ask is refused: only an active node takes watches.
+    if let Some(why) = ctx.not_serving() {
+        return Ending::Failed(Failure::new(ErrorCode::NotReady, why));
+    }
     let spec = match WatchSpec::check(goal, ctx).await {
         Ok(s) => s,
         Err(f) => return Ending::Failed(f),

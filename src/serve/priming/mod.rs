@@ -41,6 +41,8 @@ use crate::process::panics::{contained, Panic};
 use crate::ros::param_server::LiveParams;
 use crate::serve::job::{Images, Job, JobPlan};
 
+mod for_job;
+
 /// How often an idle worker looks for a newer frame to prime.
 const FRAME_POLL: Duration = Duration::from_millis(20);
 
@@ -97,6 +99,10 @@ pub enum Chosen {
     Completed(Arc<PrimedFrame>),
     /// The stopped priming, continued by the ask.
     Resume,
+    /// A quiet job (a watch evaluation) on a scene not primed yet: the job primes its frame
+    /// first, so the state stays for the asks and watches after it (or, when an ask stops
+    /// the job, for that ask to continue), then answers from it.
+    Prime(CachedFrame),
 }
 
 /// How a priming run ended, for the worker.
@@ -420,6 +426,7 @@ impl Primer {
             chosen = match &chosen {
                 Some(Chosen::Completed(_)) => "completed priming",
                 Some(Chosen::Resume) => "stopped priming, continued",
+                Some(Chosen::Prime(_)) => "primed by the job",
                 None => "no priming",
             },
             stopped = self.stopped.is_some(),
@@ -479,7 +486,9 @@ impl Primer {
             }
         }
         self.stats.scene_changed_asks += u64::from(changed);
-        None
+        let own_system = plan.turn.system.as_deref() == self.system.system.as_deref()
+            && plan.turn.tools.is_empty();
+        (plan.quiet && own_system && self.serving()).then_some(Chosen::Prime(newest))
     }
 
     /// Counts a hit on `frame`; with `scene_check`, `newest` (the ask's newest frame) is the
@@ -505,6 +514,10 @@ impl Primer {
     ) -> Option<Result<Reply, AssistantError>> {
         let p = match chosen {
             Chosen::Completed(p) => p,
+            Chosen::Prime(frame) => match self.prime_for(frame, assistant, turn)? {
+                Ok(p) => p,
+                Err(e) => return Some(Err(e)),
+            },
             Chosen::Resume => {
                 let cancel = turn.cancel.clone();
                 let mut stop = || {
@@ -528,10 +541,7 @@ impl Primer {
                     // to continue, and the turn ends without running anything else.
                     Ok(PrimingOutcome::Stopped) if stop() => {
                         self.stopped = Some(frame);
-                        return Some(Err(AssistantError::Interrupted {
-                            step: "the rest of the frame's priming (the request was cancelled)"
-                                .into(),
-                        }));
+                        return Some(Err(for_job::cancelled_priming()));
                     }
                     Ok(PrimingOutcome::Stopped) => return None,
                     Err(e) => return Some(Err(e)),
