@@ -239,20 +239,22 @@ impl Engine {
         self.serving.store(false, Ordering::Release);
         let registry = &self.ask_ctx.registry;
         // Watch evaluations are not let finish: their goals end (`crate::request::watch`).
-        self.ask_ctx.watches.stop_all();
+        let watches = &self.ask_ctx.watches;
+        watches.end_all();
         let queued = registry.cancel_waiting();
         if queued > 0 {
             tracing::info!(queued, "deactivate: queued requests cancelled");
         }
         let timeout = self.live.snapshot().deactivate_timeout();
         let until = Instant::now() + timeout;
-        while !registry.is_empty() && Instant::now() < until {
+        let live = || !registry.is_empty() || !watches.registry.is_empty();
+        while live() && Instant::now() < until {
             tokio::time::sleep(DRAIN_POLL).await;
         }
-        if !registry.is_empty() {
-            let live = registry.cancel_all();
-            tracing::info!(live, "deactivate: the running request is cancelled");
-            while !registry.is_empty() {
+        if live() {
+            let n = registry.cancel_all() + watches.registry.cancel_all();
+            tracing::info!(live = n, "deactivate: the running request is cancelled");
+            while live() {
                 tokio::time::sleep(DRAIN_POLL).await;
             }
         }
@@ -268,7 +270,7 @@ impl Engine {
         // and the worker never see its end.
         let mut guard = self.worker.lock().await;
         self.ask_ctx.close();
-        self.ask_ctx.watches.stop_all();
+        self.ask_ctx.watches.end_all();
         let live = self.ask_ctx.registry.cancel_all();
         if live > 0 {
             tracing::info!(live, "cancelled live requests");

@@ -197,6 +197,21 @@ async fn a_watch_evaluates_on_scene_changes_and_reports_answer_changes() -> anyh
     assert_eq!(u["result"]["answer"], "\"yes\"");
     assert_eq!(u["result"]["evaluations"], 1);
 
+    let y = &rep["Y"];
+    assert_eq!(status(y), CANCELED, "{y}");
+    assert_eq!(y["result"]["error_code"], "cancelled", "{y}");
+    // No two evaluations of W started closer than its min_interval_s (1 s).
+    let starts: Vec<f64> = evals
+        .iter()
+        .map(|e| secs(pair_of(&e["at"])) - e["evaluation_s"].as_f64().unwrap())
+        .collect();
+    for pair in starts.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= 0.95,
+            "evaluations {pair:?} closer than 1 s"
+        );
+    }
+
     let w = &rep["W"];
     assert_eq!(status(w), CANCELED, "{w}");
     assert_eq!(w["result"]["error_code"], "cancelled");
@@ -209,6 +224,59 @@ async fn a_watch_evaluates_on_scene_changes_and_reports_answer_changes() -> anyh
     assert_eq!(diag["watches_active"], "0", "{diag}");
     let events = rep["events"].as_array().unwrap().len();
     assert_eq!(diag["watch_events"], events.to_string(), "{diag}");
+    Ok(())
+}
+
+fn secs(s: [i64; 2]) -> f64 {
+    s[0] as f64 + s[1] as f64 * 1e-9
+}
+
+fn count(d: &Value, key: &str) -> i64 {
+    d[key]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{key} missing: {d}"))
+}
+
+/// An ask that arrives while a watch evaluates goes first: the evaluation yields (counted in
+/// `watch_evaluations_yielded`), the ask is answered, and the evaluation is made again after
+/// it, on a frame of the new scene. The BPU is slowed so the evaluation is still running
+/// when the ask comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_stops_a_running_evaluation_which_is_made_again_after_it() -> anyhow::Result<()> {
+    ros_env();
+    let d = domain();
+    let mut env = peer_env(&d);
+    env.push(("BPU_SIM_FAULTS", "hbUCPSubmitTask:slow=150".to_owned()));
+    let node = start_demo_node(&d, &params(), &env)?;
+    let (rep, _log) = node
+        .serve_peer(
+            &d,
+            "tests/peers/watch_peer.py",
+            &["yield"],
+            Duration::from_secs(200),
+        )
+        .await?;
+    let ask = &rep["ask"]["response"];
+    assert_eq!(ask["success"], true, "{ask}");
+    let (before, after) = (&rep["d_before"], &rep["d_after"]);
+    let key = "watch_evaluations_yielded";
+    assert!(
+        count(after, key) > count(before, key),
+        "no yield: {before} → {after}"
+    );
+    let done = secs(pair_of(&rep["ask_done"]));
+    let later: Vec<_> = rep["feedback"]["W"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| secs(pair_of(&f["at"])) > done && f["camera_silent"] == false)
+        .collect();
+    let first = later.first().expect("an evaluation after the ask");
+    let stamp = pair(&first["image_header"]["stamp"]);
+    assert_eq!(scene_of(&rep, stamp), "b", "{first}");
+    assert!(secs(stamp) >= secs(pair_of(&rep["switch"])), "{first}");
+    assert_eq!(status(&rep["W"]), CANCELED);
     Ok(())
 }
 

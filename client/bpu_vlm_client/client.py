@@ -171,6 +171,8 @@ class Watching:
         self._handle = handle
         self._key = key
         self._result = handle.get_result_async()
+        # Its feedback callback goes with its end, whether or not `result()` is called.
+        self._result.add_done_callback(lambda _: client._forget_watch(key))
 
     def done(self):
         return self._result.done()
@@ -192,7 +194,7 @@ class Watching:
                 until, 'the watch')
         finally:
             if self._result.done():
-                self._client._watch_feedback.pop(self._key, None)
+                self._client._forget_watch(self._key)
 
 
 class VlmClient:
@@ -353,14 +355,22 @@ class VlmClient:
             with self._lock:
                 self._watch_feedback[key] = on_feedback
         sent = self._watch.send_goal_async(goal, goal_uuid=goal_id)
-        handle = self._wait(lambda: sent.result() if sent.done() else None,
-                            time.monotonic() + self.timeout, 'the watch')
+        try:
+            handle = self._wait(lambda: sent.result() if sent.done() else None,
+                                time.monotonic() + self.timeout, 'the watch')
+        except TimeoutError:
+            self._forget_watch(key)
+            raise
         if not handle.accepted:
-            self._watch_feedback.pop(key, None)
+            self._forget_watch(key)
             raise RuntimeError('watch goal rejected by the node')
         return Watching(self, handle, key)
 
     # -- plumbing --------------------------------------------------------------------
+
+    def _forget_watch(self, key):
+        with self._lock:
+            self._watch_feedback.pop(key, None)
 
     def _on_watch_feedback(self, msg):
         with self._lock:

@@ -96,7 +96,7 @@ pub(crate) async fn handle_planned(
     let (mut plan, admission) = match planned {
         Ok(p) => p,
         Err(f) => {
-            tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
+            log_refusal(&id, &f, watch);
             return refused(id, f, &ctx.nuls);
         }
     };
@@ -140,6 +140,20 @@ pub(crate) async fn handle_planned(
             ),
             &ctx.nuls,
         ),
+    }
+}
+
+/// A watch evaluation refused (a silent camera, a node stopping) is its goal's business:
+/// not logged as an ask.
+fn log_refusal(id: &str, f: &Failure, watch: bool) {
+    if watch {
+        tracing::debug!(
+            code = f.code.as_str(),
+            "watch evaluation refused: {}",
+            f.message
+        );
+    } else {
+        tracing::info!(request_id = %id, code = f.code.as_str(), "ask refused: {}", f.message);
     }
 }
 

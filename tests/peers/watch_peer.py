@@ -9,6 +9,8 @@ frame with Gaussian noise of sigma 4/255 on every pixel and a fresh stamp.
             scene, then three scene switches 4 s apart, then the camera falls silent and comes
             back with another scene; X (max_watches 2 reached) is aborted busy while W and Y
             run (Y is then cancelled); U (schema {"enum": ["yes"]}, until "yes") succeeds; W is cancelled.
+  yield     W watches on a slowed BPU; an ask arrives while W evaluates a new scene: the
+            evaluation yields (counted) and is made again after the ask, on the new scene.
   sigterm   two watches on the static scene; "FIRST TOKEN" once both have evaluated (the
             test sends SIGTERM then); both results.
 Every feedback is recorded with the peer's clock, every WatchEvent on vlm/events.
@@ -194,6 +196,37 @@ def scripted(p, a):
     return rep
 
 
+def yield_to_ask(p, a):
+    """W watches on a slowed BPU; the scene switches; an ask comes while W evaluates it."""
+    p.wait_ask()
+    rep = {}
+    cam = Camera(p, '/cam')
+    w = Watcher(p)
+    try:
+        W = w.send('W', question='Is there a cup?', min_interval_s=0.0)
+        w.until('W evaluated', lambda: len(w.evaluations('W')) >= 1)
+        time.sleep(1.0)
+        rep['d_before'] = p.last_diag()
+        rep['switch'] = cam.switch('b')
+        # W's evaluation of scene b starts once it held scene_settle_s (0.5 s) and runs
+        # for well over a second on the slowed BPU: the ask comes in the middle of it.
+        time.sleep(0.9)
+        rep['ask'] = p.greedy('A', 'What do you see?')
+        rep['ask_done'] = now(p)
+        w.until('W evaluated scene b', lambda: any(
+            f['at'] > rep['ask_done'] for f in w.evaluations('W')))
+        rep['d_after'] = p.last_diag()
+        w.wait(W.cancel_goal_async(), 'cancel response of W')
+        rep['W'] = w.result(W, 'W')
+    finally:
+        cam.stop.set()
+        cam.thread.join()
+    with w.lock:
+        rep['feedback'] = w.feedback
+    rep['sent'] = cam.sent
+    return rep
+
+
 def sigterm(p, a):
     p.wait_ask()
     rep = {}
@@ -214,13 +247,15 @@ def sigterm(p, a):
 
 def main():
     ap = peer_arguments()
-    ap.add_argument('mode', choices=['scripted', 'sigterm'])
+    ap.add_argument('mode', choices=['scripted', 'sigterm', 'yield'])
+    ap.add_argument('--max-new-tokens', type=int, default=4)
     ap.add_argument('--timeout', type=float, default=200.0)
     a = ap.parse_args()
     import rclpy
     rclpy.init()
     p = Peer(a)
-    report_and_exit(lambda: {'scripted': scripted, 'sigterm': sigterm}[a.mode](p, a))
+    modes = {'scripted': scripted, 'sigterm': sigterm, 'yield': yield_to_ask}
+    report_and_exit(lambda: modes[a.mode](p, a))
 
 
 if __name__ == '__main__':

@@ -13,7 +13,8 @@ started once the scene is primed. Then:
            Per watch and switch: the time from the first frame of the new scene to the
            feedback of its evaluation (the time a changed answer's event would take).
 The same seed gives the same ask moments, so a run with --watches 2 and one with --watches 0
-pair ask by ask. Prints one JSON object.
+pair ask by ask. --no-asks leaves the asks out: the time from a switch to each watch's
+evaluation alone (tower, prompt chunks, question, answer). Prints one JSON object.
 """
 
 import argparse
@@ -51,6 +52,8 @@ def main():
     ap.add_argument('--static-s', type=float, default=20.0)
     ap.add_argument('--spread', type=float, default=2.0)
     ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--no-asks', action='store_true',
+                    help='no ask after the switches: the time from a switch to the evaluations alone')
     ap.add_argument('--label', default='')
     a = ap.parse_args()
     rclpy.init()
@@ -111,9 +114,11 @@ def main():
         while i not in state['first']:
             time.sleep(0.005)
         t_switch = state['first'][i]
-        time.sleep(max(0.0, t_switch + 0.5 + r.uniform(0.0, a.spread) - time.monotonic()))
-        resp = vlm.ask('What do you see?', temperature=0.0, max_new_tokens=8)
-        asks.append(round(resp.ttft_s, 3) if resp.success else None)
+        delay = r.uniform(0.0, a.spread)
+        if not a.no_asks:
+            time.sleep(max(0.0, t_switch + 0.5 + delay - time.monotonic()))
+            resp = vlm.ask('What do you see?', temperature=0.0, max_new_tokens=8)
+            asks.append(round(resp.ttft_s, 3) if resp.success else None)
         time.sleep(max(0.0, t_switch + a.switch_s - time.monotonic()))
         for q, fb in feedback.items():
             after = [t - t_switch for t, silent, _ in fb if t > t_switch and not silent]
@@ -124,7 +129,7 @@ def main():
     ok = [x for x in asks if x is not None]
     lat = [x for v in to_feedback.values() for x in v if x is not None]
     print(json.dumps({
-        'label': a.label, 'watches': a.watches, 'seed': a.seed, **static,
+        'label': a.label, 'watches': a.watches, 'seed': a.seed, 'asks': not a.no_asks, **static,
         'ask_ttft_s': asks, 'ask_ttft_s_median': median(ok),
         'ask_ttft_s_max': max(ok) if ok else None,
         'switch_to_evaluation_s': to_feedback, 'switch_to_evaluation_s_median': median(lat),

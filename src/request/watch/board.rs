@@ -27,6 +27,7 @@ pub(crate) struct WatchBoard {
     evaluations: AtomicU64,
     events: AtomicU64,
     yielded: AtomicU64,
+    ends: AtomicU64,
     /// Stop flags of the evaluations queued or running.
     running: Mutex<Vec<Arc<AtomicBool>>>,
     /// The evaluations' places and ids: beside the asks' `queue_depth`, which evaluations
@@ -41,6 +42,7 @@ impl Default for WatchBoard {
             evaluations: AtomicU64::new(0),
             events: AtomicU64::new(0),
             yielded: AtomicU64::new(0),
+            ends: AtomicU64::new(0),
             running: Mutex::new(Vec::new()),
             registry: Arc::new(Registry::new(MAX_WATCHES_LIMIT)),
         }
@@ -100,14 +102,22 @@ impl WatchBoard {
     /// An ask or a detect was queued: every evaluation queued or running stops at its next
     /// graph call (and is made again once the requests are served).
     pub(crate) fn yield_to_request(&self) {
-        self.stop_all();
-    }
-
-    /// Stops every evaluation (a deactivate, the shutdown, or a request that goes first).
-    pub(crate) fn stop_all(&self) {
         for f in self.lock().iter() {
             f.store(true, Ordering::Release);
         }
+    }
+
+    /// Ends every watch (a deactivate, the shutdown): their evaluations stop at the next
+    /// graph call, and each goal sees the new [`WatchBoard::ends`] count and ends — even when
+    /// the node is active again before the goal looks.
+    pub(crate) fn end_all(&self) {
+        self.ends.fetch_add(1, Ordering::AcqRel);
+        self.yield_to_request();
+    }
+
+    /// How often [`WatchBoard::end_all`] ran: a goal that saw another count at its start ends.
+    pub(crate) fn ends(&self) -> u64 {
+        self.ends.load(Ordering::Acquire)
     }
 
     pub(crate) fn evaluated(&self) {

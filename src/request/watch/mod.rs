@@ -42,6 +42,9 @@ use schedule::{due, silent, Last, Timing};
 /// How often a goal looks at its camera, its cancel flag and the node's state.
 const TICK: Duration = Duration::from_millis(50);
 
+/// The least wait before an evaluation the camera could not serve is tried again.
+const RETRY_WAIT: Duration = Duration::from_secs(1);
+
 /// The silence a goal waits for a first frame before it says the camera is silent, when
 /// `max_camera_silence_s` is 0 (off).
 const FIRST_FRAME_WAIT: Duration = Duration::from_secs(2);
@@ -77,8 +80,8 @@ enum Ending {
 /// What one evaluation came to.
 enum Evaluated {
     Answer(Box<Ask::Response>, Duration),
-    /// Stopped for an ask or a detect, or by a transient failure: made again later.
-    Again,
+    /// Stopped for an ask or a detect, or no frame to be had: made again after this wait.
+    Again(Duration),
     End(Ending),
 }
 
@@ -91,6 +94,25 @@ pub(crate) async fn run(
 ) -> Watch::Result {
     let mut progress = Progress::default();
     let ending = watch(goal, &ctx, &cancel, &out, &mut progress).await;
+    match &ending {
+        Ending::Reached => tracing::info!(
+            evaluations = progress.evaluations,
+            "watch reached its until value"
+        ),
+        Ending::Failed(f) if f.code == ErrorCode::BackendError => {
+            tracing::warn!(
+                evaluations = progress.evaluations,
+                "watch failed: {}",
+                f.message
+            )
+        }
+        Ending::Failed(f) => tracing::info!(
+            evaluations = progress.evaluations,
+            code = f.code.as_str(),
+            "watch ended: {}",
+            f.message
+        ),
+    }
     let (answer, header) = progress.answer.unwrap_or_default();
     let (success, error_code, error_message) = match ending {
         Ending::Reached => (true, String::new(), String::new()),
@@ -106,11 +128,27 @@ pub(crate) async fn run(
     }
 }
 
-/// Why the goal must end now, if it must: its cancel, its time limit, the node's state.
+/// What ends a goal besides its answers: its cancel, its time limit, the node's state.
+struct Stops<'a> {
+    ctx: &'a AskContext,
+    cancel: &'a AtomicBool,
+    deadline: Option<Instant>,
+    /// [`board::WatchBoard::ends`] when the goal started.
+    ends: u64,
+}
+
+impl Stops<'_> {
+    /// Why the goal must end now, if it must.
+    fn reason(&self) -> Option<Failure> {
+        stop_reason(self.ctx, self.cancel, self.deadline, self.ends)
+    }
+}
+
 fn stop_reason(
     ctx: &AskContext,
     cancel: &AtomicBool,
     deadline: Option<Instant>,
+    ends: u64,
 ) -> Option<Failure> {
     if cancel.load(Ordering::Acquire) {
         return Some(Failure::new(
@@ -130,6 +168,12 @@ fn stop_reason(
             format!("the watch ended: {why}"),
         ));
     }
+    if ctx.watches.ends() != ends {
+        return Some(Failure::new(
+            ErrorCode::Cancelled,
+            "the watch ended: the node was deactivated",
+        ));
+    }
     if deadline.is_some_and(|d| Instant::now() >= d) {
         return Some(Failure::new(
             ErrorCode::Timeout,
@@ -147,6 +191,7 @@ async fn watch(
     progress: &mut Progress,
 ) -> Ending {
     let started = Instant::now();
+    let ends = ctx.watches.ends();
     // As an ask is refused: only an active node takes watches.
     if let Some(why) = ctx.not_serving() {
         return Ending::Failed(Failure::new(ErrorCode::NotReady, why));
@@ -162,13 +207,18 @@ async fn watch(
             format!("{max} watches are running (parameter max_watches); retry later"),
         ));
     };
-    let deadline = spec.timeout.and_then(|t| started.checked_add(t));
+    let stops = Stops {
+        ctx,
+        cancel,
+        deadline: spec.timeout.and_then(|t| started.checked_add(t)),
+        ends,
+    };
     let Some(cameras) = ctx.cameras.clone() else {
         return Ending::Failed(Failure::new(ErrorCode::InvalidRequest, "no cameras"));
     };
     tracing::info!(camera = %spec.topic, "watch started");
     loop {
-        if let Some(f) = stop_reason(ctx, cancel, deadline) {
+        if let Some(f) = stops.reason() {
             return Ending::Failed(f);
         }
         let now = Instant::now();
@@ -203,27 +253,23 @@ async fn watch(
             tokio::time::sleep(TICK).await;
             continue;
         }
-        match evaluate(&spec, ctx, cancel, deadline).await {
+        match evaluate(&spec, ctx, &stops).await {
             Evaluated::Answer(resp, took) => {
                 progress.last = Some((now, newest));
                 if let Some(end) = answered(&spec, ctx, out, progress, &resp, took) {
                     return end;
                 }
             }
-            Evaluated::Again => tokio::time::sleep(TICK).await,
+            Evaluated::Again(wait) => tokio::time::sleep(wait).await,
             Evaluated::End(end) => return end,
         }
     }
 }
 
-/// Runs one evaluation, forwarding the goal's cancel, its deadline and the node's stop to
-/// it while it is queued or running.
-async fn evaluate(
-    spec: &WatchSpec,
-    ctx: &Arc<AskContext>,
-    cancel: &AtomicBool,
-    deadline: Option<Instant>,
-) -> Evaluated {
+/// Runs one evaluation, forwarding the goal's ends (its cancel, its deadline, the node's
+/// stop) to it while it is queued or running; on one the goal ends at once (the worker
+/// answers the stopped job to nobody).
+async fn evaluate(spec: &WatchSpec, ctx: &Arc<AskContext>, stops: &Stops<'_>) -> Evaluated {
     let on_board = ctx.watches.register();
     let hooks = GoalHooks {
         cancel: Some(Arc::clone(&on_board.flag)),
@@ -237,8 +283,9 @@ async fn evaluate(
         tokio::select! {
             r = &mut asked => break r,
             () = tokio::time::sleep(TICK) => {
-                if stop_reason(ctx, cancel, deadline).is_some() {
+                if let Some(f) = stops.reason() {
                     on_board.flag.store(true, Ordering::Release);
+                    return Evaluated::End(Ending::Failed(f));
                 }
             }
         }
@@ -248,21 +295,23 @@ async fn evaluate(
         ctx.watches.evaluated();
         return Evaluated::Answer(Box::new(resp), took);
     }
-    if let Some(f) = stop_reason(ctx, cancel, deadline) {
+    if let Some(f) = stops.reason() {
         return Evaluated::End(Ending::Failed(f));
     }
     let code = ErrorCode::parse(&resp.error_code);
     match code {
         // Stopped for an ask or a detect (nothing else stops an evaluation of a goal that
-        // goes on), or the camera went silent or stale meanwhile: made again later.
+        // goes on): made again once they are served.
         Some(ErrorCode::Cancelled) => {
             ctx.watches.yielded();
-            Evaluated::Again
+            Evaluated::Again(TICK)
         }
-        Some(ErrorCode::NoImage | ErrorCode::StaleImage | ErrorCode::Busy | ErrorCode::Timeout) => {
+        // The camera went silent or stale meanwhile: not retried at the camera's rate.
+        Some(ErrorCode::NoImage | ErrorCode::StaleImage | ErrorCode::Busy) => {
             tracing::debug!(code = %resp.error_code, "watch evaluation not made: {}", resp.error_message);
-            Evaluated::Again
+            Evaluated::Again(spec.min_interval.max(RETRY_WAIT))
         }
+        // Anything else would fail again (a timeout too: the next evaluation takes as long).
         _ => Evaluated::End(Ending::Failed(Failure::new(
             code.unwrap_or(ErrorCode::BackendError),
             format!("an evaluation failed: {}", resp.error_message),

@@ -51,9 +51,9 @@ pub(crate) fn due(
     if last.frame.same_scene(newest, timing.threshold) {
         return false;
     }
-    // A frame without a signature (a compressed body not decoded yet) cannot be judged:
-    // its scene is taken to have changed once, as soon as the settle time has passed.
-    let held = scene_since.map_or(newest.age(now), |t| now.saturating_duration_since(t));
+    // A frame without a signature (a compressed body not decoded yet) cannot be judged: it
+    // counts as a change, made at most every `min_interval_s` (and settled since the last).
+    let held = scene_since.map_or(since_last, |t| now.saturating_duration_since(t));
     held >= timing.settle
 }
 

@@ -13,18 +13,20 @@ use crate::serve::job::Images;
 
 impl Primer {
     /// Primes `frame` for a quiet job's `turn`, stopped only by the turn's cancel: the
-    /// completed priming, or `Err` (interrupted) with the priming left to be continued.
-    /// `None` when the frame cannot be converted (the job then asks as without priming and
-    /// meets the same error).
+    /// completed priming, or `Err` (interrupted, with the priming left to be continued; or
+    /// the frame cannot be converted).
     pub(super) fn prime_for(
         &mut self,
         frame: CachedFrame,
         assistant: &mut Assistant,
         turn: &Turn,
-    ) -> Option<Result<Arc<PrimedFrame>, AssistantError>> {
+    ) -> Result<Arc<PrimedFrame>, AssistantError> {
+        // The job's frame was not converted for it (the priming holds the image): a frame
+        // that cannot be fails the job here, never as a question without its image.
         let image = match Images::Camera(frame.clone()).take_inputs(None) {
             Ok((mut images, _)) if images.len() == 1 => images.remove(0),
-            _ => return None,
+            Ok(_) => return Err(AssistantError::Turn("the frame gave no image".into())),
+            Err(f) => return Err(AssistantError::Turn(f.message)),
         };
         let cancel = turn.cancel.clone();
         let mut stop = || {
@@ -41,16 +43,16 @@ impl Primer {
                 self.stats.frame_arrival = Some(frame.arrival);
                 let p = Arc::new(p);
                 self.completed = Some((frame, Arc::clone(&p)));
-                Some(Ok(p))
+                Ok(p)
             }
             Ok(PrimingOutcome::Stopped) => {
                 if assistant.can_resume_priming(&system) {
                     self.stopped = Some(frame);
                     self.tried = None;
                 }
-                Some(Err(cancelled_priming()))
+                Err(cancelled_priming())
             }
-            Err(e) => Some(Err(e)),
+            Err(e) => Err(e),
         }
     }
 }

@@ -514,7 +514,7 @@ impl Primer {
     ) -> Option<Result<Reply, AssistantError>> {
         let p = match chosen {
             Chosen::Completed(p) => p,
-            Chosen::Prime(frame) => match self.prime_for(frame, assistant, turn)? {
+            Chosen::Prime(frame) => match self.prime_for(frame, assistant, turn) {
                 Ok(p) => p,
                 Err(e) => return Some(Err(e)),
             },
