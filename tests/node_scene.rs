@@ -20,42 +20,7 @@ use serde_json::Value;
 
 use common::node_proc::{domain, ok, peer_env, start_demo_node};
 use common::ros_env;
-
-fn count(d: &Value, key: &str) -> i64 {
-    d[key]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{key} missing: {d}"))
-}
-
-fn pair(v: &Value) -> [i64; 2] {
-    [v["sec"].as_i64().unwrap(), v["nanosec"].as_i64().unwrap()]
-}
-
-fn secs(s: [i64; 2]) -> f64 {
-    s[0] as f64 + s[1] as f64 * 1e-9
-}
-
-/// The scene the camera showed in the frame stamped `stamp`.
-fn scene_of(rep: &Value, stamp: [i64; 2]) -> String {
-    rep["sent"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| pair_of(&s[0]) == stamp)
-        .map(|s| s[1].as_str().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("{stamp:?} was never sent"))
-}
-
-fn pair_of(v: &Value) -> [i64; 2] {
-    [v[0].as_i64().unwrap(), v[1].as_i64().unwrap()]
-}
-
-/// The first frame of scene `key`.
-fn first_of(rep: &Value, key: &str) -> [i64; 2] {
-    let s = rep["sent"].as_array().unwrap();
-    pair_of(&s.iter().find(|s| s[1] == key).unwrap()[0])
-}
+use common::scripted::{count, first_of, pair, pair_of, scene_of, secs};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primings_follow_the_scene_and_asks_never_get_an_old_scene() -> anyhow::Result<()> {

@@ -21,30 +21,12 @@ use anyhow::Context;
 use serde_json::Value;
 
 use common::node_proc::{domain, peer_env, report_with_sigterm_at_first_token, start_demo_node};
+use common::scripted::{count, pair, pair_of, scene_of, secs};
 use common::{ros_env, spawn_python};
 
 const SUCCEEDED: i64 = 4;
 const CANCELED: i64 = 5;
 const ABORTED: i64 = 6;
-
-fn pair(v: &Value) -> [i64; 2] {
-    [v["sec"].as_i64().unwrap(), v["nanosec"].as_i64().unwrap()]
-}
-
-fn pair_of(v: &Value) -> [i64; 2] {
-    [v[0].as_i64().unwrap(), v[1].as_i64().unwrap()]
-}
-
-/// The scene the camera showed in the frame stamped `stamp`.
-fn scene_of(rep: &Value, stamp: [i64; 2]) -> String {
-    rep["sent"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| pair_of(&s[0]) == stamp)
-        .map(|s| s[1].as_str().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("{stamp:?} was never sent"))
-}
 
 fn status(r: &Value) -> i64 {
     r["status"].as_i64().unwrap()
@@ -225,17 +207,6 @@ async fn a_watch_evaluates_on_scene_changes_and_reports_answer_changes() -> anyh
     let events = rep["events"].as_array().unwrap().len();
     assert_eq!(diag["watch_events"], events.to_string(), "{diag}");
     Ok(())
-}
-
-fn secs(s: [i64; 2]) -> f64 {
-    s[0] as f64 + s[1] as f64 * 1e-9
-}
-
-fn count(d: &Value, key: &str) -> i64 {
-    d[key]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("{key} missing: {d}"))
 }
 
 /// An ask that arrives while a watch evaluates goes first: the evaluation yields (counted in

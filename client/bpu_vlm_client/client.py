@@ -218,7 +218,7 @@ class VlmClient:
             ('action', action_name), ('detect', detect_action), ('watch', watch_action)]}
         self._lock = threading.Lock()
         self._streams = {}
-        self._matched = False
+        self._matched = set()
         self.node.create_subscription(Token, self.names['tokens'], self._on_token, TOKENS_QOS)
         self._ask = self.node.create_client(Ask, self.names['ask'])
         self._cancel = self.node.create_client(Cancel, self.names['cancel'])
@@ -348,6 +348,9 @@ class VlmClient:
         goal's (`json_schema`, `camera`, `min_interval_s`, `max_interval_s`, `until`,
         `timeout_s`). Raises RuntimeError when the node rejects the goal."""
         self._ready(self._watch.wait_for_server, 'action ' + self.names['watch'])
+        if on_feedback is not None:
+            # The first evaluation may come at once: the feedback must reach us by then.
+            self._publisher_matched(self.names['watch'] + '/_action/feedback')
         goal = request_of(WatchAction.Goal, question, fields, first='question')
         goal_id = UUID(uuid=list(uuid.uuid4().bytes))
         key = bytes(goal_id.uuid)
@@ -402,16 +405,21 @@ class VlmClient:
     def _tokens_matched(self):
         """Waits until the node's tokens publisher is discovered: Tokens sent before that
         would not reach this subscription."""
-        if self._matched:
+        self._publisher_matched(self.names['tokens'])
+
+    def _publisher_matched(self, topic):
+        """Waits (once per topic) until the node's publisher on `topic` is discovered, so
+        what it publishes from then on reaches this client's subscription."""
+        if topic in self._matched:
             return
         until = time.monotonic() + self.timeout
-        while self.node.count_publishers(self.names['tokens']) == 0:
+        while self.node.count_publishers(topic) == 0:
             if time.monotonic() >= until:
-                raise TimeoutError(f'no publisher on {self.names["tokens"]}')
+                raise TimeoutError(f'no publisher on {topic}')
             time.sleep(0.02)
         # Discovery names the publisher a moment before its writer is matched to us.
         time.sleep(0.3)
-        self._matched = True
+        self._matched.add(topic)
 
     @staticmethod
     def _wait(result, until, what):

@@ -4,6 +4,7 @@
 
 pub mod domains;
 pub mod node_proc;
+pub mod scripted;
 
 use std::path::PathBuf;
 use std::process::Stdio;

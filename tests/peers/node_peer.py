@@ -158,6 +158,46 @@ def exact_jpeg(w, h, seed=3):
     return jpg
 
 
+def ros_now(p):
+    """The peer's ROS clock as [sec, nanosec] (the clock the stamps use)."""
+    t = p.node.get_clock().now().to_msg()
+    return [t.sec, t.nanosec]
+
+
+class ScriptedCamera:
+    """A camera for scene tests: 10 Hz frames of the current scene (`scene`: 'a', 'b', 'c' for
+    scene_a/b/c.png; None: silent), each with Gaussian sensor noise of sigma 4/255 on every
+    pixel, a fresh stamp and frame_id cam_<scene>; remembers [[sec, nanosec], scene] sent."""
+
+    def __init__(self, p, topic, seed=11):
+        self.p = p
+        self.pub = p.publisher(topic)
+        self.scenes = {k: load_rgb(f'scene_{k}.png').astype(np.float32) for k in 'abc'}
+        self.scene = 'a'
+        self.sent = []
+        self.stop = threading.Event()
+        self.rng = np.random.default_rng(seed)
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            key = self.scene
+            if key is not None:
+                noisy = self.scenes[key] + self.rng.normal(0.0, 4.0, self.scenes[key].shape)
+                msg = rgb8(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
+                msg.header.frame_id = f'cam_{key}'
+                msg.header.stamp = self.p.node.get_clock().now().to_msg()
+                self.sent.append([[msg.header.stamp.sec, msg.header.stamp.nanosec], key])
+                self.pub.publish(msg)
+            time.sleep(0.1)
+
+    def switch(self, key):
+        """Switches the scene; the peer's clock then (the next frame is stamped later)."""
+        self.scene = key
+        return ros_now(self.p)
+
+
 def peer_arguments():
     """An argument parser with the node's interface names that `Peer` reads (--ask, --cancel,
     --tokens, --answers, --status-name) at their root-namespace defaults; each peer adds its

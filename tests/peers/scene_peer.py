@@ -13,14 +13,12 @@ Every ask records the peer's clock at the call (ROS time, the clock the stamps u
 
 import os
 import sys
-import threading
 import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from node_peer import Peer, check, load_rgb, peer_arguments, report_and_exit, rgb8  # noqa: E402
+from node_peer import Peer, ScriptedCamera, check, peer_arguments, report_and_exit  # noqa: E402
+from node_peer import ros_now as now  # noqa: E402
 
 
 def count(d, key):
@@ -36,41 +34,10 @@ def diag_until(p, what, pred):
     raise AssertionError(f'diagnostics never showed {what}')
 
 
-class Camera:
-    """10 Hz frames of the current scene with sensor noise; remembers (stamp, scene) sent."""
-
-    def __init__(self, p, topic):
-        self.p = p
-        self.pub = p.publisher(topic)
-        self.scenes = {k: load_rgb(f'scene_{k}.png').astype(np.float32) for k in 'ab'}
-        self.scene = 'a'
-        self.sent = []
-        self.stop = threading.Event()
-        self.rng = np.random.default_rng(7)
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            key = self.scene
-            noisy = self.scenes[key] + self.rng.normal(0.0, 4.0, self.scenes[key].shape)
-            msg = rgb8(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
-            msg.header.frame_id = f'cam_{key}'
-            msg.header.stamp = self.p.node.get_clock().now().to_msg()
-            self.sent.append([[msg.header.stamp.sec, msg.header.stamp.nanosec], key])
-            self.pub.publish(msg)
-            time.sleep(0.1)
-
-
-def now(p):
-    t = p.node.get_clock().now().to_msg()
-    return [t.sec, t.nanosec]
-
-
 def run(p, a):
     p.wait_ask()
     rep = {}
-    cam = Camera(p, '/cam')
+    cam = ScriptedCamera(p, '/cam', seed=7)
 
     def ask(rid):
         served = count(p.last_diag(), 'requests_served')

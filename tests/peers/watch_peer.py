@@ -22,54 +22,16 @@ import threading
 import time
 import uuid
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from node_peer import Peer, check, load_rgb, peer_arguments, plain, report_and_exit, rgb8  # noqa: E402
+from node_peer import Peer, ScriptedCamera as Camera, check, peer_arguments, plain, report_and_exit  # noqa: E402
+from node_peer import ros_now as now  # noqa: E402
 
 from bpu_vlm_msgs.action import Watch  # noqa: E402
 from bpu_vlm_msgs.msg import WatchEvent  # noqa: E402
 from bpu_vlm_client.action_client import ActionClient  # noqa: E402  (node_peer's path)
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from unique_identifier_msgs.msg import UUID  # noqa: E402
-
-
-class Camera:
-    """10 Hz noisy frames of the current scene (None: silent); remembers (stamp, scene)."""
-
-    def __init__(self, p, topic):
-        self.p = p
-        self.pub = p.publisher(topic)
-        self.scenes = {k: load_rgb(f'scene_{k}.png').astype(np.float32) for k in 'abc'}
-        self.scene = 'a'
-        self.sent = []
-        self.stop = threading.Event()
-        self.rng = np.random.default_rng(11)
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop.is_set():
-            key = self.scene
-            if key is not None:
-                noisy = self.scenes[key] + self.rng.normal(0.0, 4.0, self.scenes[key].shape)
-                msg = rgb8(np.clip(np.rint(noisy), 0, 255).astype(np.uint8))
-                msg.header.frame_id = f'cam_{key}'
-                msg.header.stamp = self.p.node.get_clock().now().to_msg()
-                self.sent.append([[msg.header.stamp.sec, msg.header.stamp.nanosec], key])
-                self.pub.publish(msg)
-            time.sleep(0.1)
-
-    def switch(self, key):
-        """Switches the scene; the peer's clock then (the next frame is stamped later)."""
-        self.scene = key
-        return now(self.p)
-
-
-def now(p):
-    t = p.node.get_clock().now().to_msg()
-    return [t.sec, t.nanosec]
 
 
 class Watcher:
@@ -90,6 +52,11 @@ class Watcher:
                                    self.on_feedback, QoSProfile(depth=1000, reliability=ReliabilityPolicy.RELIABLE))
         self.names = {}
         check(self.client.wait_for_server(timeout_sec=p.left()), 'no vlm/watch action')
+        # A goal's first evaluation may come at once: both subscriptions must be matched.
+        for topic in ('/vlm/watch/_action/feedback', '/vlm/events'):
+            while p.node.count_publishers(topic) == 0 and time.monotonic() < p.deadline:
+                time.sleep(0.02)
+        time.sleep(0.3)
 
     def on_feedback(self, msg):
         with self.lock:

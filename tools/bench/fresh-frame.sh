@@ -15,22 +15,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$ROOT"
-bash tools/ros2-bootstrap.sh >/dev/null
-# shellcheck disable=SC1091
-source .ros2/setup.bash
-export ROS_DOMAIN_ID=${ROS_DOMAIN_ID:-$((RANDOM % 100 + 1))} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST
-cargo build --release -p bpu_vlm --bin vlm_node -p vlm-cli --bin vlm
-BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release
-PKG="$ROOT/.cache/bench/q4b-ctx4k-pads-first"
-if [ ! -f "$PKG/model.json" ]; then
-  "$BIN/vlm" make-sim-package --config tools/bench/configs/qwen35-4b.json --no-weights \
-    --tokenizer tools/fixtures/tokenizer.json --cache-len 4096 \
-    --prefill-pads --prefill-min-tail 5 --pad-layout first --out "$PKG"
-fi
-# 640x480 rgb8 frames exceed Fast DDS's default shared-memory segment: both sides use the
-# large-frame profile.
-export FASTRTPS_DEFAULT_PROFILES_FILE="$ROOT/launch/fastdds_large_frames.xml"
-export FASTDDS_DEFAULT_PROFILES_FILE="$FASTRTPS_DEFAULT_PROFILES_FILE"
+# shellcheck source=tools/bench/s100p-node.sh
+source tools/bench/s100p-node.sh
 POINTS=()
 if [ "${DETECT_POINTS:-false}" = true ]; then POINTS=(--points); fi
 for CAMERA in ${4:-fixed}; do
