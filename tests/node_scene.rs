@@ -16,8 +16,6 @@ mod common;
 
 use std::time::Duration;
 
-use serde_json::Value;
-
 use common::node_proc::{domain, ok, peer_env, start_demo_node};
 use common::ros_env;
 use common::scripted::{count, first_of, pair, pair_of, scene_of, secs};
