@@ -283,11 +283,16 @@ async fn twenty_cycles_leak_nothing() -> anyhow::Result<()> {
         }
     }
     assert_eq!(rss.len(), CYCLES, "{rss:?}");
-    let (warm, last) = (rss[1], rss[CYCLES - 1]);
+    // A leak grows with the cycles; the allocator instead takes one step of ~7 MiB once (a
+    // new arena, at cycle 2 in some runs, at cycle 4 or later in others) and stays there.
+    // So the last cycle is held to the highest of the first half, not to cycle 2.
+    let warm = rss[1..CYCLES / 2].iter().copied().max().unwrap_or(rss[1]);
+    let last = rss[CYCLES - 1];
     eprintln!("RSS after each cycle (KiB): {rss:?}");
     assert!(
         last * 100 <= warm * 105,
-        "RSS grew beyond 5 %: {warm} KiB after cycle 2, {last} KiB after cycle {CYCLES}"
+        "RSS grew beyond 5 %: {warm} KiB at most in cycles 2-{}, {last} KiB after cycle {CYCLES}",
+        CYCLES / 2
     );
     Ok(())
 }
